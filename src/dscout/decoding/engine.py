@@ -1,0 +1,172 @@
+"""One draft-verify loop for every method, so timings compare fairly.
+
+Autoregressive decoding is this loop with no proposer: every round verifies the single last token and commits
+its bonus. Speculative methods plug a proposer (:mod:`dscout.decoding.proposers`) into the same loop, so AR and
+speculative runs share the target forward, the cache handling, the sampler and the timers.
+
+One round (dflash-reference §3.1):
+
+1. **draft**: the proposer drafts ``k = min(bs - 1, remaining - 1)`` tokens after the last committed token x;
+2. **verify**: one target forward over ``[x, d_1..d_k]`` with the KV cache, tapping the proposer's layers;
+3. **accept**: greedy or lossless sampling (:mod:`dscout.decoding.acceptance`): ``n`` drafts + 1 bonus token;
+4. **roll back** the target KV of the ``k - n`` rejected drafts (``cache.crop(-(k - n))``);
+5. **commit** the taps of ``x, d_1..d_n`` to the proposer; the bonus becomes the next x.
+
+Per round the engine records the accepted length ``n + 1`` (bonus included, in [1, bs]), the draft seconds
+and the verify seconds; per request the output ids, new tokens and decode seconds (prefill excluded; the
+drafter's prompt-context write happens in the prefill phase, as DFlash's benchmark restarts its timer after
+the first draft call).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .acceptance import accept, target_probs
+
+
+@dataclass
+class GenerationResult:
+    """Everything one request produced.
+
+    Attributes:
+        output_ids: generated token ids (the prompt excluded; a stop token, if hit, included last).
+        accept_lengths: tokens committed per draft round (accepted drafts + bonus), one int per round.
+        draft_seconds, verify_seconds: per round.
+        prefill_seconds: target prefill + first token + the proposer's prompt-context write.
+        decode_seconds: wall time of all rounds (seconds).
+        stop_reason: ``"stop_token"`` or ``"length"``.
+    """
+
+    output_ids: list[int]
+    accept_lengths: list[int] = field(default_factory=list)
+    draft_seconds: list[float] = field(default_factory=list)
+    verify_seconds: list[float] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    stop_reason: str = "length"
+
+    @property
+    def new_tokens(self) -> int:
+        """Generated tokens, including the one sampled from the prefill logits."""
+        return len(self.output_ids)
+
+    @property
+    def mean_accept_length(self) -> float:
+        """τ of this request: mean tokens per round (bonus included)."""
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sample_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    """Argmax at temperature 0, else a sample from ``softmax(logits / T)``."""
+    if temperature <= 0:
+        return int(logits.argmax())
+    return int(torch.multinomial(target_probs(logits, temperature), 1, generator=generator))
+
+
+class SpeculativeEngine:
+    """The draft-verify engine (batch size 1; see :mod:`dscout.decoding.batched` for concurrency).
+
+    Args:
+        target: a :class:`~dscout.models.target.TargetModel`.
+        proposer: a proposer, or None for autoregressive decoding.
+        stop_token_ids: generation stops after the first of these tokens.
+    """
+
+    def __init__(self, target, proposer=None, stop_token_ids=()):
+        self.target = target
+        self.proposer = proposer
+        self.stop_token_ids = set(int(t) for t in stop_token_ids)
+        self.layer_ids = list(getattr(proposer, "layer_ids", []) or []) if proposer is not None else []
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, max_new_tokens: int, block_size: int = 1, temperature: float = 0.0,
+                 seed: int = 0) -> GenerationResult:
+        """Decode one request.
+
+        Args:
+            prompt_ids: prompt token ids (list or 1-D tensor).
+            max_new_tokens: cap on generated tokens.
+            block_size: bs, tokens verified per round (``x`` + ``bs - 1`` drafts); ignored for AR (1).
+            temperature: 0 = greedy; > 0 = lossless sampling.
+            seed: seed of this request's sampling RNG.
+        Returns:
+            :class:`GenerationResult`.
+        Raises:
+            ValueError: if ``block_size < 1`` or ``max_new_tokens < 1``.
+        """
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.proposer is None:
+            block_size = 1
+        dev = self.target.device
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(seed)
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=dev).view(1, -1)
+        n_prompt = ids.shape[1]
+        cache = self.target.new_cache()
+
+        _sync(dev)
+        t0 = time.perf_counter()
+        out = self.target(ids, layer_ids=self.layer_ids, past_key_values=cache)
+        x = sample_token(out.logits[0, -1], temperature, gen)
+        if self.proposer is not None:
+            self.proposer.start(out.taps[0])
+        _sync(dev)
+        t1 = time.perf_counter()
+        res = GenerationResult(output_ids=[x], prefill_seconds=t1 - t0)
+        if x in self.stop_token_ids:
+            res.stop_reason = "stop_token"
+            return res
+
+        position = n_prompt  # absolute position of x
+        while len(res.output_ids) < max_new_tokens:
+            remaining = max_new_tokens - len(res.output_ids)
+            k = min(block_size - 1, remaining - 1)
+            ta = time.perf_counter()
+            draft = None
+            if k > 0:
+                draft = self.proposer.propose(x, position, k, temperature, gen)
+                drafts = draft.tokens.to(dev)
+            else:
+                drafts = torch.empty(0, dtype=torch.long, device=dev)
+            _sync(dev)
+            tb = time.perf_counter()
+            verify_ids = torch.cat([torch.tensor([x], device=dev), drafts]).view(1, -1)
+            out = self.target(verify_ids, layer_ids=self.layer_ids, past_key_values=cache)
+            logits = out.logits[0]
+            n_acc, bonus = accept(drafts, logits, temperature, gen,
+                                  draft.probs if draft is not None else None)
+            if k - n_acc > 0:
+                cache.crop(-(k - n_acc))
+            _sync(dev)
+            tc = time.perf_counter()
+            if self.proposer is not None:  # drafter-side work: counted as draft time
+                self.proposer.commit(out.taps[0, : n_acc + 1])
+                _sync(dev)
+            td = time.perf_counter()
+            res.draft_seconds.append((tb - ta) + (td - tc))
+            res.verify_seconds.append(tc - tb)
+            res.accept_lengths.append(n_acc + 1)
+            new = drafts[:n_acc].tolist() + [bonus]
+            for tok in new:
+                res.output_ids.append(tok)
+                if tok in self.stop_token_ids:
+                    res.stop_reason = "stop_token"
+                    break
+            if res.stop_reason == "stop_token":
+                break
+            position += n_acc + 1
+            x = bonus
+        res.decode_seconds = time.perf_counter() - t1
+        return res

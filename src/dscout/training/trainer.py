@@ -1,0 +1,266 @@
+"""Drafter training on DeepSpeed: one code path for a CPU process (gloo) and the multi-GPU launcher (nccl).
+
+The DeepSpeed JSON in ``configs/deepspeed/`` is the source of truth for precision, ZeRO stage, gradient
+clipping and the warmup + cosine schedule (``WarmupCosineLR``); ``"auto"`` fields are filled here from the
+run's step count. The optimizer is AdamW (torch, fp32 master weights), as in SpecForge's DFlash recipe
+(dflash-reference §2.6: lr 6e-4, warmup 4 %, cosine to 0, clip 1.0).
+
+Resumability: DeepSpeed checkpoints (model, optimizer, scheduler and the step) are saved every
+``checkpoint_every`` steps under ``work_dir/checkpoints``; a restarted run loads the latest and continues.
+The data order is a pure function of ``(seed, step, rank)`` and every update's RNG (horizon, anchors, reveal
+pattern) is seeded by ``(seed, step, rank)``, so a resumed run reaches the same final step with the same data
+order as an uninterrupted one.
+
+Launch: single CPU process: ``dscout train ...`` (RANK/WORLD_SIZE default to 0/1, gloo). GPUs:
+``deepspeed --num_gpus N -m dscout.cli train ...`` (nccl).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..models.drafter import DFlashDrafter, DFlashDrafterConfig
+from .features import FeatureCache, online_batch
+from .recipes import get_recipe
+from .step import drafter_training_loss
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters of one drafter training run (see ``schemas/config.schema.yaml`` for the docs).
+
+    Attributes:
+        recipe: recipe name (:data:`dscout.training.recipes.RECIPES`).
+        recipe_overrides: field overrides of the recipe (e.g. ``{"horizons": [4, 8, 16, 32]}``).
+        num_layers: d, drafter depth.
+        target_layer_ids: explicit taps; None = the spacing rule with ``num_taps`` taps.
+        num_taps: t when ``target_layer_ids`` is None (None = d).
+        mask_token_id: drafter mask token (an existing target embedding row).
+        num_anchors: blocks per sequence per update.
+        micro_batch_size: sequences per rank per update.
+        lr, warmup_ratio, weight_decay: AdamW + warmup/cosine schedule.
+        max_steps: updates to run (None: ``epochs`` over the data).
+        epochs: passes over the data when ``max_steps`` is None.
+        seed: data order and per-update RNG seed.
+        deepspeed_config: path of the DeepSpeed JSON.
+        checkpoint_every: steps between resumable checkpoints (0 = only at the end).
+        dtype: ``float32`` (CPU) or ``bfloat16`` (GPU); must agree with the DeepSpeed JSON.
+        init_from_target: initialise each drafter layer from a target layer (else random, as SpecForge).
+    """
+
+    recipe: str = "dscout"
+    recipe_overrides: dict = field(default_factory=dict)
+    num_layers: int = 1
+    target_layer_ids: list[int] | None = None
+    num_taps: int | None = None
+    mask_token_id: int = 0
+    num_anchors: int = 32
+    micro_batch_size: int = 1
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    max_steps: int | None = None
+    epochs: float = 1.0
+    seed: int = 42
+    deepspeed_config: str = "configs/deepspeed/cpu.json"
+    checkpoint_every: int = 50
+    dtype: str = "float32"
+    init_from_target: bool = False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> tuple[int, int]:
+    """Initialise torch.distributed through DeepSpeed (gloo on CPU, nccl on GPUs); returns (rank, world)."""
+    import deepspeed
+
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def sample_indices(step: int, rank: int, world: int, micro_batch: int, n: int, seed: int) -> list[int]:
+    """Data order: the sequence indices of ``(step, rank)``; a fresh permutation per epoch from ``seed``."""
+    out = []
+    for i in range(micro_batch):
+        g = (step * world + rank) * micro_batch + i
+        epoch, j = divmod(g, n)
+        gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        out.append(int(torch.randperm(n, generator=gen)[j]))
+    return out
+
+
+def build_drafter(target, cfg: TrainConfig, block_size: int) -> DFlashDrafter:
+    """A fresh drafter shaped like ``target`` for ``cfg`` (optionally initialised from target layers)."""
+    dcfg = DFlashDrafterConfig.from_target(
+        target.config, num_hidden_layers=cfg.num_layers, mask_token_id=cfg.mask_token_id,
+        target_layer_ids=cfg.target_layer_ids, num_taps=cfg.num_taps, block_size=block_size)
+    drafter = DFlashDrafter(dcfg)
+    if cfg.init_from_target:
+        _init_from_target(drafter, target)
+    return drafter.to(dtype=getattr(torch, cfg.dtype), device=target.device).attach_target(target)
+
+
+@torch.no_grad()
+def _init_from_target(drafter: DFlashDrafter, target) -> None:
+    """Copy attention/MLP/norm weights of the last d target layers into the d drafter layers."""
+    L, d = target.num_layers, len(drafter.layers)
+    for i, layer in enumerate(drafter.layers):
+        src = target.layers[L - d + i]
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(layer.self_attn, name).weight.copy_(getattr(src.self_attn, name).weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(layer.mlp, name).weight.copy_(getattr(src.mlp, name).weight)
+        layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
+        layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+
+
+def _ds_config(path: str, cfg: TrainConfig, total_steps: int, world: int) -> dict:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"DeepSpeed config {p} not found (key training.deepspeed_config)")
+    ds = json.loads(p.read_text())
+    ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+    ds["gradient_accumulation_steps"] = 1
+    ds.pop("train_batch_size", None)
+    sched = ds.get("scheduler", {}).get("params", {})
+    if sched.get("total_num_steps") == "auto":
+        sched["total_num_steps"] = max(total_steps, 1)
+    if sched.get("warmup_num_steps") == "auto":
+        sched["warmup_num_steps"] = max(int(round(cfg.warmup_ratio * total_steps)), 1)
+    return ds
+
+
+class _OnlineSource:
+    def __init__(self, target, sequences, layer_ids):
+        self.target, self.sequences, self.layer_ids = target, sequences, layer_ids
+
+    def __len__(self):
+        return len(self.sequences)
+
+    def batch(self, indices, dtype, device):
+        b = online_batch(self.target, [self.sequences[i] for i in indices], self.layer_ids)
+        b.taps, b.final_hidden = b.taps.to(dtype), b.final_hidden.to(dtype)
+        return b
+
+
+def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir: str | os.PathLike,
+                  feature_cache: str | os.PathLike | None = None, sequences: list[dict] | None = None,
+                  _crash_after_step: int | None = None) -> Path:
+    """Train a drafter and save it with ``save_pretrained`` to ``out_dir`` (resumable).
+
+    Args:
+        target: the frozen :class:`~dscout.models.target.TargetModel`.
+        cfg: :class:`TrainConfig`.
+        out_dir: where the final drafter (config.json + weights + ``training_summary.json``) goes.
+        work_dir: scratch folder for checkpoints and the per-step log ``train_log.jsonl``.
+        feature_cache: a cache from :func:`~dscout.training.features.build_feature_cache` (CPU default), or
+        sequences: tokenised sequences (``input_ids``, ``loss_mask``) for online target features.
+        _crash_after_step: testing hook, raises after that step as a kill would.
+    Returns:
+        ``out_dir``.
+    Raises:
+        ValueError: if neither ``feature_cache`` nor ``sequences`` is given.
+    """
+    import deepspeed
+
+    recipe = get_recipe(cfg.recipe, **cfg.recipe_overrides)
+    rank, world = init_distributed()
+    torch.manual_seed(cfg.seed)
+    drafter = build_drafter(target, cfg, recipe.max_horizon)
+    layer_ids = drafter.config.target_layer_ids
+    if feature_cache is not None:
+        source = FeatureCache(feature_cache, layer_ids)
+    elif sequences is not None:
+        source = _OnlineSource(target, sequences, layer_ids)
+    else:
+        raise ValueError("train_drafter needs a feature_cache or sequences")
+    n = len(source)
+    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * n / (cfg.micro_batch_size * world)))
+    ds_cfg = _ds_config(cfg.deepspeed_config, cfg, total, world)
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
+    engine, _, _, sched = deepspeed.initialize(model=drafter, optimizer=opt, config=ds_cfg)
+    model = engine.module
+
+    work = Path(work_dir)
+    ckpt_dir = work / "checkpoints"
+    log_path = work / "train_log.jsonl"
+    work.mkdir(parents=True, exist_ok=True)
+    start = 0
+    if (ckpt_dir / "latest").exists():
+        _, client = engine.load_checkpoint(str(ckpt_dir))
+        start = int(client["step"])
+    kept = []
+    if log_path.exists():  # keep the log consistent with the checkpoint we resumed from
+        kept = [l for l in log_path.read_text().splitlines() if l.strip() and json.loads(l)["step"] < start]
+    log_path.write_text("".join(l + "\n" for l in kept))
+
+    dtype = getattr(torch, cfg.dtype)
+    device = target.device
+    t_start = time.perf_counter()
+    bar = tqdm(range(start, total), initial=start, total=total, desc=f"train {cfg.recipe}",
+               disable=rank != 0, unit="step", mininterval=2.0)
+    model.train()
+    with open(log_path, "a") as log:
+        for step in bar:
+            t0 = time.perf_counter()
+            idx = sample_indices(step, rank, world, cfg.micro_batch_size, n, cfg.seed)
+            batch = source.batch(idx, dtype, device)
+            gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + rank)
+            loss, metrics = drafter_training_loss(model, batch, recipe, cfg.num_anchors, gen)
+            engine.backward(loss)
+            engine.step()
+            rec = {"step": step, "epoch": (step * world * cfg.micro_batch_size) / n, "loss": float(loss.detach()),
+                   "lr": float(sched.get_last_lr()[0]) if sched is not None else cfg.lr,
+                   "sample_ids": idx, "seconds": time.perf_counter() - t0, **metrics}
+            if rank == 0:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['accuracy']:.3f}", B=metrics["block_size"])
+            done = step + 1
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
+                _save_checkpoint(engine, ckpt_dir, done)
+            if _crash_after_step is not None and step >= _crash_after_step:
+                raise RuntimeError(f"simulated crash after step {step}")
+    bar.close()
+    seconds = time.perf_counter() - t_start
+    out = Path(out_dir)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(out))
+        summary = {"label": model.config.label, "recipe": cfg.recipe, "recipe_resolved": recipe.to_dict(),
+                   "train_config": asdict(cfg), "steps": total, "resumed_from_step": start,
+                   "train_seconds_this_run": seconds,
+                   "drafter_parameters": sum(p.numel() for p in model.parameters()),
+                   "num_sequences": n, "world_size": world}
+        (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
+        shutil.copy(log_path, out / "train_log.jsonl")
+    return out
+
+
+def _save_checkpoint(engine, ckpt_dir: Path, step: int) -> None:
+    engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
+    if torch.distributed.get_rank() == 0:  # keep only the newest checkpoint
+        for d in ckpt_dir.glob("step*"):
+            if d.is_dir() and d.name != f"step{step}":
+                shutil.rmtree(d, ignore_errors=True)

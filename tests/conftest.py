@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny randomly initialised targets and drafters built in the test (no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(1)  # tiny models: threading costs more than it gives
+
+
+def tiny_llama_config(vocab=64, layers=4, init=0.2, **kw) -> LlamaConfig:
+    return LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       initializer_range=init, **kw)
+
+
+def tiny_target(vocab=64, layers=4, seed=0, dtype=torch.float64, family="llama", init=0.2):
+    """A tiny random target wrapped as :class:`TargetModel` (float64: greedy ties are practically impossible)."""
+    from dscout.models.target import TargetModel
+
+    torch.manual_seed(seed)
+    if family == "qwen3":
+        cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                          initializer_range=init)
+        model = Qwen3ForCausalLM(cfg)
+    else:
+        model = LlamaForCausalLM(tiny_llama_config(vocab, layers, init))
+    return TargetModel(model.to(dtype))
+
+
+def tiny_drafter(target, layers=2, block_size=32, seed=1, layer_ids=None, mask_token_id=None):
+    from dscout.models.drafter import DFlashDrafter, DFlashDrafterConfig
+
+    torch.manual_seed(seed)
+    cfg = DFlashDrafterConfig.from_target(
+        target.config, num_hidden_layers=layers, target_layer_ids=layer_ids,
+        mask_token_id=target.vocab_size - 1 if mask_token_id is None else mask_token_id, block_size=block_size)
+    return DFlashDrafter(cfg).to(target.dtype).attach_target(target)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return tiny_drafter(target)
