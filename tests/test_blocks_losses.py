@@ -140,19 +140,20 @@ def test_acceptance_probability_from_cache_matches_target(target):
     ids = torch.randint(0, 60, (1, 20))
     out = target(ids)
     lse = torch.logsumexp(out.logits, -1)
-    positions = torch.tensor([[[5, 6, 7, 8]]])
-    logprob_of = target_logprob_from_cache(out.final_hidden, lse, target.lm_head.weight, positions)
-    draft_logits = torch.randn(1, 1, 4, 64, dtype=torch.float64)
-    revealed = torch.tensor([[[True, False, False, False]]])
+    positions = torch.tensor([5, 6, 7, 8])
+    logprob_of = target_logprob_from_cache(out.final_hidden, lse, target.lm_head.weight,
+                                           torch.zeros(4, dtype=torch.long), positions)
+    draft_logits = torch.randn(4, 64, dtype=torch.float64)
+    revealed = torch.tensor([True, False, False, False])
     alpha = acceptance_probabilities(draft_logits, logprob_of, revealed)
     y = draft_logits.argmax(-1)
     p = torch.softmax(out.logits[0, 4:8].float(), -1)  # target dist of tokens at 5..8 is row 4..7
-    q = torch.softmax(draft_logits[0, 0].float(), -1)
+    q = torch.softmax(draft_logits.float(), -1)
     for k in range(1, 4):
-        yk = int(y[0, 0, k])
+        yk = int(y[k])
         expect = min(1.0, float(p[k, yk]) / float(q[k, yk]))
-        assert math.isclose(float(alpha[0, 0, k]), expect, rel_tol=1e-4, abs_tol=1e-7)
-    assert alpha[0, 0, 0] == 1.0
+        assert math.isclose(float(alpha[k]), expect, rel_tol=1e-4, abs_tol=1e-7)
+    assert alpha[0] == 1.0
 
 
 def test_objective_normalises_by_included_weight():

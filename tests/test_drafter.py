@@ -105,3 +105,20 @@ def test_rope_positions_are_absolute(target, drafter):
     a = drafter(blk, torch.arange(8, 11).unsqueeze(0), taps, torch.arange(8).unsqueeze(0))
     b = drafter(blk, torch.arange(20, 23).unsqueeze(0), taps, torch.arange(8).unsqueeze(0))
     assert not torch.allclose(a, b)
+
+
+def test_tap_scale_reparameterisation_folds_into_fc(target):
+    d = tiny_drafter(target, layers=1)
+    ids, taps = _ctx(target, d, 9)
+    blk = torch.tensor([[5, 63, 63]])
+    pos = torch.arange(9, 12).unsqueeze(0)
+    scale = torch.rand(taps.shape[-1], dtype=taps.dtype) * 10 + 0.1
+    d.set_tap_scale(scale)
+    with torch.no_grad():
+        d.fc.weight.normal_()  # "trained" W' on standardised taps
+    scaled = d(blk, pos, taps, torch.arange(9).unsqueeze(0))
+    d.fold_tap_scale()
+    assert torch.all(d.tap_scale == 1)
+    folded = d(blk, pos, taps, torch.arange(9).unsqueeze(0))
+    torch.testing.assert_close(folded, scaled)
+    assert "tap_scale" not in d.state_dict()

@@ -250,6 +250,9 @@ class DFlashDrafter(PreTrainedModel):
         self.layers = nn.ModuleList([DFlashDrafterLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
+        # Training-time reparameterisation of fc (see set_tap_scale); ones outside training, never saved.
+        self.register_buffer("tap_scale", torch.ones(in_dim), persistent=False)
+        self._tap_scaled = False
         self.__dict__["_target_parts"] = None  # (embed_tokens, lm_head): shared, frozen, not registered
         self.post_init()
 
@@ -304,7 +307,35 @@ class DFlashDrafter(PreTrainedModel):
 
     def fuse_context(self, taps: torch.Tensor) -> torch.Tensor:
         """``c = hidden_norm(fc(taps))``: ``[b, C, t * D_target]`` -> ``[b, C, D]`` (dflash-reference §1.2)."""
-        return self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
+        x = taps.to(self.fc.weight.dtype)
+        if self._tap_scaled:
+            x = x / self.tap_scale
+        return self.hidden_norm(self.fc(x))
+
+    @torch.no_grad()
+    def set_tap_scale(self, scale: torch.Tensor) -> None:
+        """Train ``fc`` on per-dimension standardised taps: ``fc(x) = W' (x / s)`` with ``W = W' / s``.
+
+        Target residual streams are badly scaled (per-dimension RMS differing by 100x, attention-sink outliers);
+        with Adam's per-parameter steps the large input dimensions then swamp the rest. Training ``W'`` on
+        ``x / s`` conditions the problem without changing the model class: :meth:`fold_tap_scale` writes
+        ``W = W' / s`` back, so the saved checkpoint is a plain DFlash drafter.
+
+        Call it on a fresh initialisation (``W'`` keeps its init scale) or before loading weights trained with
+        the same scale (a resumed run recomputes the same scale from the same data).
+
+        Args:
+            scale: ``[t * D_target]`` positive per-dimension scale (e.g. the RMS of the taps over the data).
+        """
+        self.tap_scale.copy_(scale.to(self.tap_scale))
+        self._tap_scaled = True
+
+    @torch.no_grad()
+    def fold_tap_scale(self) -> None:
+        """Fold the training scale into ``fc`` (``W = W' / s``) and reset it to ones."""
+        self.fc.weight.div_(self.tap_scale)
+        self.tap_scale.fill_(1.0)
+        self._tap_scaled = False
 
     @torch.no_grad()
     def materialize_context(self, context_taps: torch.Tensor, context_positions: torch.Tensor,

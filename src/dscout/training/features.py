@@ -200,6 +200,29 @@ class FeatureCache:
         )
 
 
+def tap_rms(batches, skip_first: int = 4, floor: float = 1e-2) -> torch.Tensor:
+    """Per-dimension RMS of the taps over some sequences, skipping each one's first positions.
+
+    The first positions hold attention-sink outliers (values in the tens of thousands) that would dominate
+    the estimate. Used by :meth:`~dscout.models.drafter.DFlashDrafter.set_tap_scale`.
+
+    Args:
+        batches: iterable of single-sequence :class:`FeatureBatch` (no padding rows).
+    Returns:
+        ``[t * D]`` float32, at least ``floor``.
+    """
+    total, count = None, 0
+    for b in batches:
+        for i in range(b.taps.shape[0]):
+            x = b.taps[i, skip_first:].float()
+            sq = x.pow(2).sum(0)
+            total = sq if total is None else total + sq
+            count += x.shape[0]
+    if total is None or count == 0:
+        raise ValueError("no positions to estimate the tap scale from")
+    return (total / count).sqrt().clamp(min=floor)
+
+
 def online_batch(target, sequences: list[dict], layer_ids: list[int]) -> FeatureBatch:
     """A :class:`FeatureBatch` computed by the target now (online features, the GPU default)."""
     ids = _pad([torch.tensor(s["input_ids"], dtype=torch.long) for s in sequences]).to(target.device)

@@ -93,26 +93,28 @@ def acceptance_weights(alpha: torch.Tensor) -> torch.Tensor:
 
 
 def target_logprob_from_cache(final_hidden: torch.Tensor, lse: torch.Tensor, lm_head_weight: torch.Tensor,
-                              positions: torch.Tensor) -> callable:
+                              rows: torch.Tensor, positions: torch.Tensor) -> callable:
     """Build ``target_logprob_of`` for :func:`acceptance_probabilities` from cached target states.
 
     The target's distribution over the token at absolute position ``p`` is its next-token distribution at
     ``p - 1``: ``log P(y) = <h_{p-1}, W[y]> - lse_{p-1}``, with ``h`` the final-normed hidden state and ``lse``
-    the log-sum-exp of that row's logits; both are cached once, so AWL needs no full-vocabulary pass.
+    the log-sum-exp of that row's logits; both are cached once, so AWL needs no full-vocabulary target pass.
 
     Args:
         final_hidden: ``[b, S, D]`` target final-normed hidden states.
         lse: ``[b, S]`` log-sum-exp of the target logits at each position.
         lm_head_weight: ``[V, D]`` the target LM head.
-        positions: ``[b, N, B]`` absolute positions of block offsets.
+        rows: ``[M]`` batch row of each queried offset.
+        positions: ``[M]`` absolute position of each queried offset.
+    Returns:
+        a function mapping token ids ``[M]`` to ``log P`` ``[M]``.
     """
-    b, S, D = final_hidden.shape
-    prev = (positions - 1).clamp(min=0, max=S - 1).view(b, -1)
-    h = torch.gather(final_hidden, 1, prev.unsqueeze(-1).expand(-1, -1, D)).float()  # [b, N*B, D]
-    l = torch.gather(lse, 1, prev).float()
+    prev = (positions - 1).clamp(min=0, max=final_hidden.shape[1] - 1)
+    h = final_hidden[rows, prev].float()
+    l = lse[rows, prev].float()
 
     def logprob_of(y: torch.Tensor) -> torch.Tensor:
-        w = lm_head_weight.detach().float()[y.view(b, -1)]  # [b, N*B, D]
+        w = lm_head_weight.detach()[y.reshape(-1)].float()
         return ((h * w).sum(-1) - l).view_as(y)
 
     return logprob_of

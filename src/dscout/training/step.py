@@ -73,29 +73,38 @@ def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anch
     hidden = drafter(blocks.block_ids.view(b, N * B).to(dev), blocks.positions.view(b, N * B).to(dev),
                      context_taps=batch.taps, context_positions=torch.arange(S, device=dev).expand(b, S),
                      attention_mask=mask)
-    logits = drafter.compute_logits(hidden).view(b, N, B, -1)
+    # The LM head over the vocabulary dominates the step: compute logits only where the loss needs them
+    # (supervised offsets). Anchors, revealed offsets and positions past the sequence carry no loss, and
+    # AWL treats them as alpha = 1 (known tokens), or they come after every supervised offset.
     labels = blocks.labels.to(dev)
-    ce = block_cross_entropy(logits, labels)
     inclusion = blocks.label_mask.to(dev)
+    sel = inclusion.view(b, N * B)
+    logits = drafter.compute_logits(hidden[sel])  # [M, V]
+    ce = block_cross_entropy(logits, labels[inclusion])
     if recipe.weighting == "none":
         weights = torch.ones_like(ce)
     elif recipe.weighting == "decay":
-        weights = positional_decay_weights(B, recipe.decay_gamma).to(dev).expand_as(ce)
+        weights = positional_decay_weights(B, recipe.decay_gamma).to(dev).expand(b, N, B)[inclusion]
     else:
         if batch.final_hidden is None or batch.lse is None:
             raise ValueError("AWL needs the target's final hidden states and log-sum-exp in the batch")
-        logprob_of = target_logprob_from_cache(batch.final_hidden, batch.lse,
-                                               drafter._parts()[1].weight, blocks.positions.to(dev))
-        alpha = acceptance_probabilities(logits, logprob_of, blocks.revealed.to(dev))
-        weights = acceptance_weights(alpha)
-    loss = factorized_objective(ce, inclusion, weights)
+        rows = torch.arange(b, device=dev).view(b, 1, 1).expand(b, N, B)[inclusion]
+        logprob_of = target_logprob_from_cache(batch.final_hidden, batch.lse, drafter._parts()[1].weight,
+                                               rows, blocks.positions.to(dev)[inclusion])
+        alpha_sel = acceptance_probabilities(logits, logprob_of, torch.zeros_like(ce, dtype=torch.bool))
+        alpha = torch.ones(b, N, B, device=dev)
+        alpha[inclusion] = alpha_sel.view(-1).to(alpha.dtype)
+        weights = acceptance_weights(alpha)[inclusion]
+    loss = factorized_objective(ce, torch.ones_like(ce), weights)
     with torch.no_grad():
-        correct = logits.argmax(-1) == labels
+        correct = torch.zeros(b, N, B, dtype=torch.bool, device=dev)
+        correct[inclusion] = logits.argmax(-1) == labels[inclusion]
         n_sup = int(inclusion.sum())
-        acc = float((correct & inclusion).sum()) / max(n_sup, 1)
+        acc = float(correct.sum()) / max(n_sup, 1)
         fully_masked = ~blocks.revealed[..., 1:].any(-1).to(dev) & blocks.keep.to(dev)
-        tau = expected_accept_length(correct[fully_masked], blocks.label_mask.to(dev)[fully_masked]) \
+        tau = expected_accept_length(correct[fully_masked], inclusion[fully_masked]) \
             if bool(fully_masked.any()) else float("nan")
-        mean_w = float((weights * inclusion).sum()) / max(n_sup, 1)
+        mean_w = float(weights.sum()) / max(n_sup, 1)
     return loss, {"block_size": B, "accuracy": acc, "tau_proxy": tau, "supervised": n_sup,
                   "mean_weight": mean_w}
+

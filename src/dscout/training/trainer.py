@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from ..models.drafter import DFlashDrafter, DFlashDrafterConfig
-from .features import FeatureCache, online_batch
+from .features import FeatureCache, online_batch, tap_rms
 from .recipes import get_recipe
 from .step import drafter_training_loss
 
@@ -115,6 +115,8 @@ def build_drafter(target, cfg: TrainConfig, block_size: int) -> DFlashDrafter:
         target.config, num_hidden_layers=cfg.num_layers, mask_token_id=cfg.mask_token_id,
         target_layer_ids=cfg.target_layer_ids, num_taps=cfg.num_taps, block_size=block_size)
     drafter = DFlashDrafter(dcfg)
+    with torch.no_grad():  # the drafter's states feed the target's LM head: start at the scale it expects
+        drafter.norm.weight.copy_(target.final_norm.weight)
     if cfg.init_from_target:
         _init_from_target(drafter, target)
     return drafter.to(dtype=getattr(torch, cfg.dtype), device=target.device).attach_target(target)
@@ -195,6 +197,10 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     else:
         raise ValueError("train_drafter needs a feature_cache or sequences")
     n = len(source)
+    # condition fc on standardised taps (folded back into fc before saving; a resumed run recomputes it)
+    probe = [source.batch([i], torch.float32, target.device) for i in range(min(n, 64))]
+    drafter.set_tap_scale(tap_rms(probe))
+    del probe
     total = cfg.max_steps or max(1, math.ceil(cfg.epochs * n / (cfg.micro_batch_size * world)))
     ds_cfg = _ds_config(cfg.deepspeed_config, cfg, total, world)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
@@ -247,6 +253,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     out = Path(out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
+        model.fold_tap_scale()  # the checkpoint is a plain DFlash drafter
         model.save_pretrained(str(out))
         summary = {"label": model.config.label, "recipe": cfg.recipe, "recipe_resolved": recipe.to_dict(),
                    "train_config": asdict(cfg), "steps": total, "resumed_from_step": start,

@@ -1,0 +1,34 @@
+# Benchmarks: one job per (benchmark, temperature, repeat) runs AR and every method side by side on the same
+# prompts, so speedups compare timings taken under the same machine conditions; one JSONL file per method.
+
+
+rule benchmark:
+    message:
+        "Benchmark {wildcards.benchmark}, T={wildcards.temp}, repeat {wildcards.repeat}"
+    input:
+        unpack(drafter_inputs),
+        target=f"{TARGET_DIR}/target.json",
+    output:
+        expand(
+            "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{{repeat}}/{method}.jsonl",
+            method=METHOD_KEYS,
+        ),
+    params:
+        stage=stage_json(BENCH_STAGE),
+        drafters=drafter_args,
+        code=code("bench"),
+        data_root=DATA_ROOT,
+    threads: workflow.cores
+    resources:
+        gpu=min(GPUS, 1),
+    log:
+        "results/logs/benchmark/{bid}-{benchmark}-t{temp}-r{repeat}.log",
+    benchmark:
+        "results/benchmarks/benchmark/{bid}-{benchmark}-t{temp}-r{repeat}.tsv"
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python {CLI} bench --stage {params.stage:q} --target $(dirname {input.target}) "
+        "--benchmark {wildcards.benchmark} --temperature {wildcards.temp} --repeat {wildcards.repeat} "
+        "{params.drafters} --out-dir $(dirname {output[0]}) --data-root {params.data_root:q} "
+        "--threads {threads} > {log} 2>&1"

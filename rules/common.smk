@@ -1,0 +1,139 @@
+# Helpers shared by every rule: config validation, stage ids (hashes of the exact config each stage depends
+# on), the per-stage JSON passed to the CLI, and the code digests that rerun a stage when its sources change.
+import json
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from dscout import config as dcfg  # noqa: E402
+
+validate(config, "../schemas/config.schema.yaml")
+dcfg._check_references(config)
+
+CLI = str(Path(workflow.basedir) / "src" / "dscout" / "cli.py")
+DATA_ROOT = config["data_root"]
+NUM_TARGET_LAYERS = config["target"]["num_layers"]
+TARGET_ID = dcfg.target_id(config)
+RESPONSES_ID = dcfg.responses_id(config)
+GPUS = config["training"]["num_gpus"]
+
+
+def _drafters_in_use():
+    names = [m["drafter"] for m in config["methods"] if m.get("drafter")]
+    return list(dict.fromkeys(names))
+
+
+DRAFTER_IDS = {n: dcfg.drafter_id(config, n, NUM_TARGET_LAYERS) for n in _drafters_in_use()}
+DRAFTER_STAGES = {DRAFTER_IDS[n]: dcfg.drafter_stage(config, n, NUM_TARGET_LAYERS) for n in DRAFTER_IDS}
+FEATURE_IDS = {
+    did: dcfg.features_id(config, st["layer_ids"]) for did, st in DRAFTER_STAGES.items()
+}
+FEATURE_STAGES = {
+    FEATURE_IDS[did]: dcfg.features_stage(config, st["layer_ids"]) for did, st in DRAFTER_STAGES.items()
+}
+
+
+def _method_specs():
+    specs = []
+    for m in config["methods"]:
+        spec = dict(m)
+        if m.get("drafter"):
+            spec["drafter_id"] = DRAFTER_IDS[m["drafter"]]
+        specs.append(spec)
+    return specs
+
+
+BENCH_STAGE = {
+    **dcfg.bench_stage(config),
+    "methods": _method_specs(),
+    "near_tie_epsilon": config["near_tie_epsilon"],
+}
+BENCH_ID = f"{config['target']['name']}-{dcfg.short_hash(BENCH_STAGE)}"
+TEMPS = [f"{t:g}" for t in config["temperatures"]]
+REPEATS = list(range(config["repeats"]))
+BENCHES = config["benchmarks"]["names"]
+METHOD_KEYS = ["ar"] + [dcfg.method_key(s, s.get("drafter_id")) for s in _method_specs()]
+
+
+def stage_json(obj):
+    """Canonical JSON of a stage slice (passed as a rule parameter: a change reruns the job)."""
+    return json.dumps(obj, sort_keys=True)
+
+
+def code(stage):
+    return dcfg.code_digest(stage)
+
+
+# ----------------------------------------------------------------------------- paths
+TARGET_DIR = f"results/target/{TARGET_ID}"
+RESPONSES = f"results/responses/{RESPONSES_ID}/responses.jsonl"
+
+
+def drafter_dir(name):
+    return f"results/drafters/{DRAFTER_IDS[name]}"
+
+
+def bench_records():
+    return expand(
+        "results/bench/{bench_id}/{benchmark}/t{temp}/r{repeat}/{method}.jsonl",
+        bench_id=BENCH_ID,
+        benchmark=BENCHES,
+        temp=TEMPS,
+        repeat=REPEATS,
+        method=METHOD_KEYS,
+    )
+
+
+def final_outputs():
+    return [
+        "results/tables/table3.md",
+        "results/tables/table3.csv",
+        "results/tables/table3.tex",
+        "results/figures/fig2.png",
+        "results/figures/fig2.pdf",
+    ]
+
+
+# ----------------------------------------------------------------------------- rule parameters
+def features_stage_json(wildcards):
+    return stage_json(FEATURE_STAGES[wildcards.fid])
+
+
+def features_of_drafter(wildcards):
+    if config["features"]["mode"] != "cache":
+        return []
+    return f"results/features/{RESPONSES_ID}/{FEATURE_IDS[wildcards.did]}/index.json"
+
+
+def features_arg(wildcards, input):
+    return f"--features {Path(input.features).parent}" if config["features"]["mode"] == "cache" else ""
+
+
+def drafter_stage_json(wildcards):
+    if wildcards.did not in DRAFTER_STAGES:
+        raise ValueError(f"drafter id {wildcards.did} is not defined by the current config")
+    return stage_json(DRAFTER_STAGES[wildcards.did])
+
+
+def drafter_inputs(wildcards):
+    return {n: f"{drafter_dir(n)}/config.json" for n in DRAFTER_IDS}
+
+
+def drafter_args(wildcards, input):
+    return " ".join(f"--drafter {n}={Path(input[n]).parent}" for n in DRAFTER_IDS)
+
+
+def table_stage_json():
+    b = config["benchmarks"]
+    return stage_json(
+        {
+            "target": config["target"]["name"],
+            "repeats": config["repeats"],
+            "num_prompts": b["num_prompts"],
+            "max_new_tokens": b["max_new_tokens"],
+            "near_tie_epsilon": config["near_tie_epsilon"],
+            "runtime": "transformers, " + config["target"]["dtype"],
+        }
+    )

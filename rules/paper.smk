@@ -1,0 +1,50 @@
+# The paper's tables and figures, each its own target, computed from raw records only.
+
+
+rule table3:
+    message:
+        "Table 3 from {params.n} record files"
+    input:
+        bench_records(),
+    output:
+        md=report("results/tables/table3.md", caption="../report/table3.rst", category="Tables"),
+        csv="results/tables/table3.csv",
+        tex="results/tables/table3.tex",
+    params:
+        stage=table_stage_json(),
+        n=len(bench_records()),
+        code=code("analysis"),
+    log:
+        "results/logs/table3.log",
+    benchmark:
+        "results/benchmarks/table3.tsv"
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    shell:
+        "python {CLI} table3 --stage {params.stage:q} --records {input} --out-prefix results/tables/table3 "
+        "> {log} 2>&1"
+
+
+rule fig2:
+    message:
+        "Figure 2 (accept-length distribution) from {params.n} record files"
+    input:
+        bench_records(),
+    output:
+        png=report("results/figures/fig2.png", caption="../report/fig2.rst", category="Figures"),
+        pdf="results/figures/fig2.pdf",
+    params:
+        stage=table_stage_json(),
+        n=len(bench_records()),
+        code=code("analysis"),
+    log:
+        "results/logs/fig2.log",
+    benchmark:
+        "results/benchmarks/fig2.tsv"
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    shell:
+        "python {CLI} fig2 --stage {params.stage:q} --records {input} --out-prefix results/figures/fig2 "
+        "> {log} 2>&1"

@@ -1,0 +1,62 @@
+# Target-feature cache and drafter training (DeepSpeed; one CPU process, or the launcher on GPUs).
+
+
+rule target_features:
+    message:
+        "Caching target features {wildcards.fid}"
+    input:
+        target=f"{TARGET_DIR}/target.json",
+        responses=RESPONSES,
+    output:
+        "results/features/{rid}/{fid}/index.json",
+    params:
+        stage=features_stage_json,
+        responses_stage=stage_json(config["responses"]),
+        code=code("features"),
+        batch_size=config["features"]["batch_size"],
+    threads: workflow.cores
+    resources:
+        gpu=min(GPUS, 1),
+    log:
+        "results/logs/target_features/{rid}-{fid}.log",
+    benchmark:
+        "results/benchmarks/target_features/{rid}-{fid}.tsv"
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python {CLI} features --stage {params.stage:q} --target $(dirname {input.target}) "
+        "--responses {input.responses} --responses-stage {params.responses_stage:q} "
+        "--out $(dirname {output}) --batch-size {params.batch_size} --threads {threads} > {log} 2>&1"
+
+
+rule train_drafter:
+    message:
+        "Training drafter {wildcards.did}"
+    input:
+        target=f"{TARGET_DIR}/target.json",
+        responses=RESPONSES,
+        features=features_of_drafter,
+    output:
+        config="results/drafters/{did}/config.json",
+        summary="results/drafters/{did}/training_summary.json",
+    params:
+        stage=drafter_stage_json,
+        responses_stage=stage_json(config["responses"]),
+        features=features_arg,
+        launcher=f"deepspeed --num_gpus {GPUS}" if GPUS > 0 else "python",
+        code=code("train"),
+    threads: workflow.cores
+    resources:
+        gpu=GPUS,
+    log:
+        "results/logs/train_drafter/{did}.log",
+    benchmark:
+        "results/benchmarks/train_drafter/{did}.tsv"
+    conda:
+        "../envs/train.yaml"
+    shell:
+        # checkpoints live outside the declared output (results/work/), so a failed job keeps them and resumes
+        "{params.launcher} {CLI} train --stage {params.stage:q} --target $(dirname {input.target}) "
+        "--responses {input.responses} --responses-stage {params.responses_stage:q} {params.features} "
+        "--out $(dirname {output.config}) --work results/work/drafters/{wildcards.did} "
+        "--threads {threads} > {log} 2>&1"

@@ -1,0 +1,132 @@
+"""Tables rendered from :func:`dscout.analysis.aggregate.summarize` rows: Markdown, CSV and LaTeX.
+
+Each table shows our measured numbers and, in a separate clearly labelled block, what the paper reports
+(:mod:`dscout.analysis.paper`), since our CPU target and the paper's GPU targets differ.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from . import paper
+from .aggregate import load_records, summarize
+
+BENCH_LABELS = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mbpp": "MBPP",
+                "livecodebench": "LCB", "mt_bench": "MT-Bench", "average": "Avg"}
+CSV_FIELDS = ["benchmark", "method_name", "method", "method_key", "drafter", "block_size", "temperature",
+              "concurrency", "speedup_mean", "speedup_std", "mat_mean", "mat_std", "tpot_ms_mean", "tpot_ms_std",
+              "accuracy", "repeats", "n_records", "mismatches", "near_ties"]
+
+
+def _fmt(mean, std, suffix=""):
+    if mean is None:
+        return "–"
+    return f"{mean:.2f}±{std:.2f}{suffix}" if std else f"{mean:.2f}{suffix}"
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+
+
+def _method_order(rows):
+    seen = []
+    for r in rows:
+        if r["method_key"] not in seen:
+            seen.append(r["method_key"])
+    return sorted(seen, key=lambda k: (k != "ar", k))
+
+
+def markdown_grid(rows: list[dict], benches: list[str], cell) -> list[str]:
+    """A method x benchmark Markdown grid; ``cell(row)`` formats one entry."""
+    head = "| Method | " + " | ".join(BENCH_LABELS.get(b, b) for b in benches) + " |"
+    lines = [head, "|" + "---|" * (len(benches) + 1)]
+    idx = {(r["method_key"], r["benchmark"]): r for r in rows}
+    for k in _method_order(rows):
+        name = next(r["method_name"] for r in rows if r["method_key"] == k)
+        cells = [cell(idx[(k, b)]) if (k, b) in idx else "–" for b in benches]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def latex_grid(rows: list[dict], benches: list[str], cell, caption: str, label: str) -> str:
+    idx = {(r["method_key"], r["benchmark"]): r for r in rows}
+    out = ["\\begin{table}[t]", "\\centering", "\\small",
+           "\\begin{tabular}{l" + "c" * len(benches) + "}", "\\toprule",
+           "Method & " + " & ".join(BENCH_LABELS.get(b, b) for b in benches) + " \\\\", "\\midrule"]
+    for k in _method_order(rows):
+        name = next(r["method_name"] for r in rows if r["method_key"] == k)
+        cells = [cell(idx[(k, b)]).replace("±", "$\\pm$").replace("×", "$\\times$").replace("τ", "$\\tau$")
+                 if (k, b) in idx else "--" for b in benches]
+        out.append(name + " & " + " & ".join(cells) + " \\\\")
+    out += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{caption}}}", f"\\label{{{label}}}", "\\end{table}"]
+    return "\n".join(out) + "\n"
+
+
+def table3_cell(r: dict) -> str:
+    if r["method"] == "ar":
+        return f"1.00× ({r['tpot_ms_mean']:.0f} ms)"
+    return f"{_fmt(r['speedup_mean'], r['speedup_std'], '×')} τ{_fmt(r['mat_mean'], r['mat_std'])}"
+
+
+def write_table3(record_paths, out_prefix: str, stage: dict) -> list[dict]:
+    """``<prefix>.md``, ``.csv``, ``.tex`` and ``.json`` of Table 3 from the raw records.
+
+    Args:
+        record_paths: JSONL files or folders of benchmark records.
+        out_prefix: e.g. ``results/tables/table3``.
+        stage: ``{"target": ..., "repeats": ..., "num_prompts": ..., "max_new_tokens": ..., "runtime": ...}``
+            for the caption.
+    """
+    records = load_records(record_paths)
+    rows = summarize(records)
+    prefix = Path(out_prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, prefix.with_suffix(".csv"))
+    temps = sorted({r["temperature"] for r in rows})
+    benches = [b for b in BENCH_LABELS if any(r["benchmark"] == b for r in rows)]
+    target = stage.get("target", "target")
+    lines = [f"# Table 3 — speedup over AR and mean accepted tokens (τ)", "",
+             f"Measured here: target **{target}** ({stage.get('runtime', 'transformers, CPU')}), "
+             f"concurrency 1, mean ± std over {stage.get('repeats', '?')} repeats; prompts per benchmark: "
+             f"{stage.get('num_prompts', '?')}; max new tokens per turn: {stage.get('max_new_tokens', '?')}. "
+             "Speedup = AR TPOT / method TPOT, paired with the AR run of the same repeat; every number is "
+             "computed from the raw records in `results/bench/`. AR cells show its TPOT.", ""]
+    tex = []
+    for t in temps:
+        sub = [r for r in rows if r["temperature"] == t and r["concurrency"] == 1]
+        lines += [f"## Temperature {t:g}", ""] + markdown_grid(sub, benches, table3_cell) + [""]
+        mism = sum(r["mismatches"] for r in sub if r["benchmark"] == "average")
+        ties = sum(r["near_ties"] for r in sub if r["benchmark"] == "average")
+        if t == 0:
+            lines += [f"Greedy outputs differing from AR: **{mism}** (bugs) + {ties} at a floating-point "
+                      f"near-tie (top-2 logit gap < ε = {stage.get('near_tie_epsilon', '?')}).", ""]
+        acc = [r for r in sub if r["accuracy"] is not None and r["benchmark"] != "average"]
+        if acc:
+            lines += ["Task accuracy (same outputs): " + "; ".join(
+                f"{BENCH_LABELS.get(r['benchmark'], r['benchmark'])} {r['method_name']} {100 * r['accuracy']:.0f}%"
+                for r in acc if r["method"] == "ar") + " (greedy speculative outputs equal AR's, so their "
+                "accuracy is the same).", ""]
+        tex.append(latex_grid(sub, benches, table3_cell,
+                              f"Speedup over AR and $\\tau$ on {target}, temperature {t:g} (measured).",
+                              f"tab:table3-t{t:g}"))
+    lines += ["## Paper (reported, not measured here)", "",
+              "Six-benchmark average, temperature 0, concurrency 1, SGLang on GPUs (dscout.md §5):", "",
+              "| Target | DScout(32) | DFlash(16) | EAGLE-3(60) | PARD-2 |", "|---|---|---|---|---|"]
+    for tgt, m in paper.TABLE3.items():
+        cells = []
+        for k in ("DScout(32)", "DFlash(16)", "EAGLE-3(60)", "PARD-2"):
+            s, mat = m[k]
+            cells.append(f"{s:.2f}×" + (f" (τ {mat:.2f})" if mat else ""))
+        lines.append(f"| {tgt} | " + " | ".join(cells) + " |")
+    lines += ["", "Per task on Qwen3-8B: GSM8K DScout 5.65× / τ 10.08 vs DFlash 5.01× / 8.19; MT-Bench DScout(16) "
+              "2.40× / 3.89 vs DFlash 2.36× / 3.71. Temperature 1: DScout 3.12× vs DFlash 3.02×.", ""]
+    prefix.with_suffix(".md").write_text("\n".join(lines))
+    prefix.with_suffix(".tex").write_text("\n".join(tex))
+    prefix.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    return rows

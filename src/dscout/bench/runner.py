@@ -1,0 +1,148 @@
+"""Benchmark runner: prompts -> raw per-(prompt, turn, run) records, every method through the one engine.
+
+AR and every speculative method are run side by side, prompt by prompt, in one process (the order of methods
+rotates from prompt to prompt), so slow drift of a shared CPU hits all methods alike; speedups are then
+computed from these records only (:mod:`dscout.analysis.aggregate`).
+
+Record schema (one JSON object per line; ``schemas/record.schema.json``): ``benchmark``, ``prompt_id``,
+``turn``, ``method``, ``method_name``, ``drafter``, ``block_size`` (null for AR), ``temperature``, ``repeat``,
+``concurrency``, ``new_tokens``, ``decode_seconds``, ``prefill_seconds``, ``draft_seconds``, ``verify_seconds``,
+``accept_lengths``, ``output_ids``, ``output_text``, ``stop_reason``, ``matches_ar``, ``near_tie``,
+``first_mismatch``, ``correct``, ``seed``, ``runtime``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..data.benchmarks import BenchmarkPrompt
+from ..data.prompts import chat_prompt_ids
+from ..decoding.engine import SpeculativeEngine
+from .scoring import score
+
+
+@dataclass
+class Method:
+    """One row of the benchmark: a labelled proposer at a block size.
+
+    Attributes:
+        key: file-safe unique key (``ar``, ``dscout-<drafter id>-bs16`` ...).
+        kind: record ``method`` field: ``ar``, ``dflash``, ``dscout``, ``eagle3``, ``pard2``.
+        name: display label, e.g. ``DScout(32)``.
+        engine: the :class:`SpeculativeEngine` (with or without proposer).
+        block_size: verify tokens per round (None for AR).
+        drafter: drafter id (None for AR).
+    """
+
+    key: str
+    kind: str
+    name: str
+    engine: SpeculativeEngine
+    block_size: int | None = None
+    drafter: str | None = None
+
+
+def _seed(*parts) -> int:
+    return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:8], 16)
+
+
+@torch.no_grad()
+def near_tie(target, context_ids: list[int], a: list[int], b: list[int], epsilon: float) -> tuple[bool, int | None]:
+    """Is the first difference between outputs ``a`` and ``b`` a floating-point near-tie of the target?
+
+    At the first differing position the target's top-2 logits (given the common prefix) must differ by less
+    than ``epsilon``. Returns ``(is_near_tie, first_mismatch_index)``; ``(False, None)`` when a == b.
+    """
+    n = min(len(a), len(b))
+    i = next((k for k in range(n) if a[k] != b[k]), None)
+    if i is None:
+        if len(a) == len(b):
+            return False, None
+        i = n  # one stopped earlier: the stop token itself is the difference
+    ids = torch.tensor([context_ids + a[:i]], device=target.device)
+    logits = target(ids).logits[0, -1].float()
+    top2 = torch.topk(logits, 2).values
+    return bool(top2[0] - top2[1] < epsilon), i
+
+
+def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt], *, benchmark: str,
+                  max_new_tokens: int, temperature: float, repeat: int, chat: dict, near_tie_epsilon: float,
+                  score_outputs: bool = True, execute_code: bool = False, warmup: bool = True,
+                  runtime: str = "transformers") -> dict[str, list[dict]]:
+    """Run every method on every prompt (and turn), AR first for reference; return records per method key.
+
+    Args:
+        target: the :class:`~dscout.models.target.TargetModel`.
+        methods: AR must be among them (key ``ar``): matches and near-ties are judged against it.
+        prompts: benchmark items (MT-Bench items have two turns; turn 2 sees the model's own turn-1 answer).
+        max_new_tokens: per turn.
+        temperature: 0 = greedy.
+        repeat: repeat index (sampling seeds depend on it).
+        chat: ``{"system_prompt", "enable_thinking"}``.
+        near_tie_epsilon: see :func:`near_tie`.
+    Raises:
+        ValueError: if no AR method is given.
+    """
+    if not any(m.kind == "ar" for m in methods):
+        raise ValueError("run_benchmark needs the AR baseline among the methods")
+    tok = target.tokenizer
+    records: dict[str, list[dict]] = {m.key: [] for m in methods}
+    if warmup:  # one short untimed generation per method: first-call allocations out of the timings
+        ids = chat_prompt_ids(tok, [{"role": "user", "content": "Hello"}], chat.get("system_prompt"),
+                              chat.get("enable_thinking"))
+        for m in methods:
+            m.engine.generate(ids, 8, block_size=m.block_size or 1, temperature=temperature)
+    ar = next(m for m in methods if m.kind == "ar")
+    others = [m for m in methods if m.kind != "ar"]
+    bar = tqdm(prompts, desc=f"{benchmark} r{repeat} T={temperature}", unit="prompt", mininterval=5.0)
+    for pi, item in enumerate(bar):
+        order = [ar] + others[pi % len(others):] + others[:pi % len(others)] if others else [ar]
+        history = {m.key: [] for m in methods}  # each method continues its own conversation
+        for turn, user_text in enumerate(item.turns):
+            ar_out = None
+            for m in order:
+                msgs = history[m.key] + [{"role": "user", "content": user_text}]
+                ids = chat_prompt_ids(tok, msgs, chat.get("system_prompt"), chat.get("enable_thinking"))
+                seed = _seed(benchmark, item.prompt_id, turn, repeat)
+                r = m.engine.generate(ids, max_new_tokens, block_size=m.block_size or 1, temperature=temperature,
+                                      seed=seed)
+                text = tok.decode(r.output_ids, skip_special_tokens=True)
+                rec = {"benchmark": benchmark, "prompt_id": item.prompt_id, "turn": turn, "method": m.kind,
+                       "method_name": m.name, "method_key": m.key, "drafter": m.drafter,
+                       "block_size": m.block_size, "temperature": temperature, "repeat": repeat,
+                       "concurrency": 1, "prompt_tokens": len(ids), "new_tokens": r.new_tokens,
+                       "decode_seconds": r.decode_seconds, "prefill_seconds": r.prefill_seconds,
+                       "draft_seconds": sum(r.draft_seconds), "verify_seconds": sum(r.verify_seconds),
+                       "accept_lengths": r.accept_lengths, "output_ids": r.output_ids, "output_text": text,
+                       "stop_reason": r.stop_reason, "seed": seed, "runtime": runtime,
+                       "matches_ar": None, "near_tie": None, "first_mismatch": None, "correct": None}
+                if m.kind == "ar":
+                    ar_out = r.output_ids
+                elif temperature == 0:
+                    rec["matches_ar"] = r.output_ids == ar_out
+                    if not rec["matches_ar"]:
+                        rec["near_tie"], rec["first_mismatch"] = near_tie(target, ids, ar_out, r.output_ids,
+                                                                          near_tie_epsilon)
+                if score_outputs and turn == len(item.turns) - 1:
+                    rec["correct"] = score(benchmark, text, item.reference, execute_code)
+                records[m.key].append(rec)
+                history[m.key] = msgs + [{"role": "assistant", "content": text}]
+    return records
+
+
+def write_records(records: list[dict], path: str | os.PathLike) -> None:
+    """Write records as JSONL atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)

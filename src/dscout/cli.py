@@ -1,0 +1,234 @@
+"""``dscout <stage> ...``: the only entry point the Snakemake rules call.
+
+Each stage takes its exact configuration slice as JSON (``--stage``, passed by the rule as a parameter so that a
+change reruns it) and writes ``config.resolved.json`` beside its outputs. Run ``dscout <stage> -h`` for the
+arguments. The file also runs as a script (``python src/dscout/cli.py``), which is how the rules call it: no
+install of the project is needed inside a job's environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # executed as a script: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _set_threads(threads: int | None) -> None:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def load_target(target_dir: str, stage: dict | None = None):
+    """Load the prepared target named by ``<target_dir>/target.json``."""
+    import torch
+
+    from dscout.models.target import TargetModel
+
+    info = json.loads((Path(target_dir) / "target.json").read_text())
+    t = info.get("stage", stage or {})
+    dtype = getattr(torch, t.get("dtype", "float32"))
+    return TargetModel.load(info["load_from"], dtype=dtype, device=_device(t.get("device", "auto")),
+                            attn_implementation=t.get("attn_implementation"))
+
+
+def cmd_prepare_target(a):
+    from dscout.config import write_resolved
+    from dscout.models.target import prepare_target
+
+    st = json.loads(a.stage)
+    out = Path(a.out)
+    load_from = prepare_target(st["source"], out)
+    info = json.loads((out / "target.json").read_text())
+    info["load_from"] = str(load_from)
+    info["stage"] = st
+    (out / "target.json").write_text(json.dumps(info, indent=1))
+    write_resolved(out / "config.resolved.json", st)
+
+
+def stop_token_ids(target, extra: list[str]) -> list[int]:
+    tok = target.tokenizer
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    for s in extra:
+        i = tok.convert_tokens_to_ids(s)
+        if i is None or i == tok.unk_token_id:
+            raise ValueError(f"stop token '{s}' (target.stop_tokens) is not in the tokenizer")
+        ids.add(i)
+    return sorted(ids)
+
+
+def cmd_generate(a):
+    from dscout.config import write_resolved
+    from dscout.data.paths import data_root
+    from dscout.data.prompts import load_training_prompts
+    from dscout.data.responses import generate_responses
+
+    st = json.loads(a.stage)
+    r = st["responses"]
+    _set_threads(a.threads)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prompts = load_training_prompts(data_root(a.data_root), r["sources"], seed=r["seed"])
+    if r.get("backend", "transformers") == "sglang":
+        from dscout.bench.serving import generate_responses_sglang
+
+        generate_responses_sglang(st, prompts, out, num_gpus=a.gpus)
+    else:
+        target = load_target(a.target)
+        generate_responses(target, prompts, out, max_new_tokens=r["max_new_tokens"], batch_size=r["batch_size"],
+                           temperature=r["temperature"], system_prompt=st["chat"]["system_prompt"],
+                           enable_thinking=st["chat"]["enable_thinking"], seed=r["seed"])
+    write_resolved(out.parent / "config.resolved.json", st)
+
+
+def _sequences(responses: str, r: dict):
+    from dscout.data.responses import read_jsonl, training_sequences
+
+    return training_sequences(read_jsonl(responses), max_length=r["max_length"],
+                              min_response_tokens=r["min_response_tokens"])
+
+
+def cmd_features(a):
+    from dscout.config import write_resolved
+    from dscout.training.features import build_feature_cache
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    target = load_target(a.target)
+    seqs = _sequences(a.responses, json.loads(a.responses_stage))
+    build_feature_cache(target, seqs, st["layer_ids"], a.out, store_dtype=st["store_dtype"],
+                        batch_size=a.batch_size, meta={"stage": st})
+    write_resolved(Path(a.out) / "config.resolved.json", st)
+
+
+def cmd_train(a):
+    from dscout.config import write_resolved
+    from dscout.training.trainer import TrainConfig, train_drafter
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    target = load_target(a.target)
+    tr = st["training"]
+    cfg = TrainConfig(
+        recipe=st["recipe"], recipe_overrides=st.get("recipe_overrides") or {}, num_layers=st["num_layers"],
+        target_layer_ids=st["layer_ids"], mask_token_id=st["mask_token_id"], num_anchors=tr["num_anchors"],
+        micro_batch_size=tr["micro_batch_size"], lr=tr["lr"], warmup_ratio=tr["warmup_ratio"],
+        weight_decay=tr["weight_decay"], max_steps=tr["max_steps"], epochs=tr["epochs"], seed=tr["seed"],
+        deepspeed_config=tr["deepspeed_config"], checkpoint_every=tr["checkpoint_every"],
+        dtype="bfloat16" if target.dtype.is_floating_point and str(target.dtype) == "torch.bfloat16" else "float32",
+        init_from_target=st.get("init_from_target", False))
+    t0 = time.time()
+    if a.features:
+        train_drafter(target, cfg, a.out, a.work, feature_cache=a.features)
+    else:
+        train_drafter(target, cfg, a.out, a.work, sequences=_sequences(a.responses, json.loads(a.responses_stage)))
+    st["wall_seconds"] = time.time() - t0
+    write_resolved(Path(a.out) / "config.resolved.json", st)
+
+
+def cmd_bench(a):
+    from dscout.bench.methods import build_methods
+    from dscout.bench.runner import run_benchmark, write_records
+    from dscout.config import write_resolved
+    from dscout.data.benchmarks import load_benchmark
+    from dscout.data.paths import data_root
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    target = load_target(a.target)
+    b = st["benchmarks"]
+    n = b["num_prompts"] if isinstance(b["num_prompts"], int) else b["num_prompts"].get(a.benchmark, 2)
+    max_new = b["max_new_tokens"] if isinstance(b["max_new_tokens"], int) else b["max_new_tokens"].get(a.benchmark, 64)
+    prompts = load_benchmark(a.benchmark, data_root(a.data_root), n, seed=b["seed"])
+    drafter_dirs = dict(kv.split("=", 1) for kv in (a.drafter or []))
+    stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
+    methods = build_methods(target, st["methods"], drafter_dirs, stops)
+    records = run_benchmark(target, methods, prompts, benchmark=a.benchmark, max_new_tokens=max_new,
+                            temperature=a.temperature, repeat=a.repeat, chat=st["chat"],
+                            near_tie_epsilon=st["near_tie_epsilon"], score_outputs=b.get("score", True))
+    out = Path(a.out_dir)
+    for m in methods:
+        write_records(records[m.key], out / f"{m.key}.jsonl")
+    write_resolved(out / "config.resolved.json", st)
+
+
+def cmd_table3(a):
+    from dscout.analysis.tables import write_table3
+
+    write_table3(a.records, a.out_prefix, json.loads(a.stage))
+
+
+def cmd_fig2(a):
+    from dscout.analysis.figures import write_fig2
+
+    write_fig2(a.records, a.out_prefix, json.loads(a.stage))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="dscout", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def add(name, fn, help_):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--stage", required=True, help="the stage's configuration slice as JSON")
+        p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+        p.set_defaults(fn=fn)
+        return p
+
+    p = add("prepare-target", cmd_prepare_target, "materialise the target (GGUF -> safetensors) once")
+    p.add_argument("--out", required=True)
+    p = add("generate", cmd_generate, "regenerate training responses with the target")
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--gpus", type=int, default=1)
+    p = add("features", cmd_features, "write the target-feature cache")
+    p.add_argument("--target", required=True)
+    p.add_argument("--responses", required=True)
+    p.add_argument("--responses-stage", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--batch-size", type=int, default=4)
+    p = add("train", cmd_train, "train one drafter (DeepSpeed)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--responses", required=True)
+    p.add_argument("--responses-stage", required=True)
+    p.add_argument("--features", default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", required=True)
+    p = add("bench", cmd_bench, "run one (benchmark, temperature, repeat): AR + every method, side by side")
+    p.add_argument("--target", required=True)
+    p.add_argument("--benchmark", required=True)
+    p.add_argument("--temperature", type=float, required=True)
+    p.add_argument("--repeat", type=int, required=True)
+    p.add_argument("--drafter", action="append", help="name=dir of a trained drafter (repeatable)")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--data-root", default=None)
+    p = add("table3", cmd_table3, "Table 3 from raw records")
+    p.add_argument("--records", nargs="+", required=True)
+    p.add_argument("--out-prefix", required=True)
+    p = add("fig2", cmd_fig2, "Figure 2 from raw records")
+    p.add_argument("--records", nargs="+", required=True)
+    p.add_argument("--out-prefix", required=True)
+    a = ap.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    a.fn(a)
+
+
+if __name__ == "__main__":
+    main()

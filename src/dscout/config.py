@@ -1,0 +1,232 @@
+"""Configuration: schema validation with defaults, the per-stage slices and their short hashes.
+
+Every stage's output path carries a short hash of *exactly* the configuration it depends on, and a
+``config.resolved.json`` is written beside it. A benchmark-only change therefore never retrains a drafter, and
+a recipe change never regenerates responses. Code changes are tracked separately: :func:`code_digest` hashes the
+source files a stage imports; the Snakefile passes it as a rule parameter, so editing them reruns the stage.
+
+Stage dependency chain (each key includes its parent's key):
+``target -> responses -> features(layer set) / drafter(variant) -> bench(benchmark, repeat, temperature)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = ROOT / "schemas" / "config.schema.yaml"
+
+STAGE_CODE = {
+    "target": ["models/target.py"],
+    "responses": ["models/target.py", "data"],
+    "features": ["models/target.py", "training/features.py", "data/responses.py"],
+    "train": ["models", "training", "data/responses.py"],
+    "bench": ["models", "decoding", "bench", "data"],
+    "analysis": ["analysis"],
+}
+"""Source files (relative to ``src/dscout``) each stage runs; their digest is a rerun trigger."""
+
+
+def short_hash(obj, n: int = 8) -> str:
+    """First ``n`` hex digits of the sha256 of the canonical JSON of ``obj``."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:n]
+
+
+def code_digest(stage: str) -> str:
+    """Digest of the package sources a stage uses (see :data:`STAGE_CODE`)."""
+    base = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for rel in STAGE_CODE[stage]:
+        p = base / rel
+        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        for f in files:
+            h.update(str(f.relative_to(base)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------------------- loading
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _set_defaults(validator_cls):
+    """jsonschema validator that fills ``default`` values (as ``snakemake.utils.validate(set_default=True)``)."""
+    validate_props = validator_cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if "default" in sub and prop not in instance:
+                    instance[prop] = copy.deepcopy(sub["default"])
+        yield from validate_props(validator, properties, instance, schema)
+
+    import jsonschema
+
+    return jsonschema.validators.extend(validator_cls, {"properties": set_defaults})
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """Validate ``config`` against ``schemas/config.schema.yaml`` and fill defaults (in place; returned).
+
+    Raises:
+        ValueError: naming the offending key path, e.g. ``training.lr: 'fast' is not of type 'number'`` or
+            ``benchmarks: Additional properties are not allowed ('nmae' was unexpected)``.
+    """
+    import jsonschema
+
+    schema = load_schema()
+    cls = _set_defaults(jsonschema.validators.validator_for(schema))
+    errors = sorted(cls(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for e in errors[:10]:
+            path = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+            lines.append(f"  {path}: {e.message}")
+        raise ValueError(f"invalid configuration ({source}):\n" + "\n".join(lines))
+    _check_references(config)
+    return config
+
+
+def _check_references(config: dict) -> None:
+    drafters = config.get("drafters", {})
+    for i, m in enumerate(config.get("methods", [])):
+        if m.get("drafter") and m["drafter"] not in drafters:
+            raise ValueError(f"methods[{i}].drafter: '{m['drafter']}' is not a key of 'drafters' "
+                             f"({', '.join(drafters) or 'none defined'})")
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Recursive dict merge (override wins; lists replaced)."""
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load_config(*paths: str | Path, overrides: dict | None = None) -> dict:
+    """Load and merge YAML files (later ones win), apply overrides, validate, fill defaults."""
+    cfg: dict = {}
+    for p in paths:
+        cfg = deep_merge(cfg, yaml.safe_load(Path(p).read_text()) or {})
+    if overrides:
+        cfg = deep_merge(cfg, overrides)
+    return validate_config(cfg, source=", ".join(str(p) for p in paths))
+
+
+# --------------------------------------------------------------------------------------- stage slices
+def target_stage(cfg: dict) -> dict:
+    t = cfg["target"]
+    return {"source": t["source"], "dtype": t["dtype"]}
+
+
+def target_id(cfg: dict) -> str:
+    return f"{cfg['target']['name']}-{short_hash(target_stage(cfg))}"
+
+
+def responses_stage(cfg: dict) -> dict:
+    t = cfg["target"]
+    return {"target": target_id(cfg), "chat": {"system_prompt": t.get("system_prompt"),
+                                               "enable_thinking": t.get("enable_thinking")},
+            "responses": cfg["responses"]}
+
+
+def responses_id(cfg: dict) -> str:
+    return f"{cfg['target']['name']}-{short_hash(responses_stage(cfg))}"
+
+
+def drafter_variant(cfg: dict, name: str) -> dict:
+    """A drafter variant with training defaults applied and layer ids resolved against the target depth."""
+    if name not in cfg["drafters"]:
+        raise KeyError(f"unknown drafter '{name}'; defined: {', '.join(cfg['drafters'])}")
+    v = copy.deepcopy(cfg["drafters"][name])
+    train = deep_merge(cfg["training"], v.pop("training", {}) or {})
+    return {"name": name, **v, "training": train}
+
+
+def resolved_layer_ids(variant: dict, num_target_layers: int) -> list[int]:
+    from .models.target import default_target_layer_ids
+
+    if variant.get("target_layer_ids"):
+        return list(variant["target_layer_ids"])
+    return default_target_layer_ids(num_target_layers, variant.get("num_taps") or variant["num_layers"])
+
+
+def features_stage(cfg: dict, layer_ids: list[int]) -> dict:
+    return {"responses": responses_id(cfg), "layer_ids": list(layer_ids),
+            "store_dtype": cfg["features"]["store_dtype"]}
+
+
+def features_id(cfg: dict, layer_ids: list[int]) -> str:
+    return f"{len(layer_ids)}t-{short_hash(features_stage(cfg, layer_ids))}"
+
+
+def drafter_stage(cfg: dict, name: str, num_target_layers: int) -> dict:
+    v = drafter_variant(cfg, name)
+    v.pop("name")
+    layer_ids = resolved_layer_ids(v, num_target_layers)
+    return {"responses": responses_id(cfg), "mask_token_id": cfg["target"]["mask_token_id"],
+            "features": cfg["features"], "layer_ids": layer_ids, **v}
+
+
+def drafter_id(cfg: dict, name: str, num_target_layers: int) -> str:
+    st = drafter_stage(cfg, name, num_target_layers)
+    t = len(st["layer_ids"])
+    return f"{name}-{t}t{st['num_layers']}d-{short_hash(st)}"
+
+
+def method_key(spec: dict, drafter_id: str | None) -> str:
+    """File-safe key of a method row, e.g. ``dscout-bs16-<drafter id>``."""
+    import re
+
+    key = spec["kind"] + (f"-bs{spec['block_size']}" if spec.get("block_size") else "")
+    if drafter_id:
+        key += f"-{drafter_id}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", key)
+
+
+def bench_stage(cfg: dict) -> dict:
+    """What every benchmark record depends on besides the drafters (their ids are part of each method)."""
+    b = cfg["benchmarks"]
+    t = cfg["target"]
+    return {"target": target_id(cfg), "benchmarks": {k: b[k] for k in ("num_prompts", "max_new_tokens", "seed")},
+            "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
+                     "stop_tokens": t.get("stop_tokens")}}
+
+
+def bench_id(cfg: dict) -> str:
+    return f"{cfg['target']['name']}-{short_hash(bench_stage(cfg))}"
+
+
+def write_resolved(path: str | Path, stage_config: dict) -> None:
+    """Write ``config.resolved.json`` (the stage's exact config plus provenance) next to an output."""
+    import platform
+
+    import torch
+    import transformers
+
+    from . import __version__
+
+    out = {"stage_config": stage_config, "dscout_version": __version__, "torch": torch.__version__,
+           "transformers": transformers.__version__, "python": platform.python_version(),
+           "git": _git_hash()}
+    Path(path).write_text(json.dumps(out, indent=1, default=str))
+
+
+def _git_hash() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
