@@ -29,6 +29,7 @@ def main(argv=None):
     ap.add_argument("--train-prompts", type=int, default=480)
     ap.add_argument("--response-tokens", type=int, default=160)
     ap.add_argument("--recipe", default="dscout")
+    ap.add_argument("--horizons", default=None, help="override the recipe's training horizons, e.g. 4,8,12,16")
     ap.add_argument("--layers", type=int, default=2, help="drafter depth d")
     ap.add_argument("--taps", type=int, default=5, help="conditioning depth t")
     ap.add_argument("--steps", type=int, default=600)
@@ -48,7 +49,7 @@ def main(argv=None):
     from dscout.data.responses import generate_responses, read_jsonl, training_sequences
     from dscout.decoding.engine import SpeculativeEngine
     from dscout.decoding.proposers import BlockDiffusionProposer
-    from dscout.models.drafter import DFlashDrafter
+    from dscout.models.export import load_dflash_checkpoint
     from dscout.models.target import TargetModel, default_target_layer_ids, prepare_target
     from dscout.training.features import build_feature_cache
     from dscout.training.trainer import TrainConfig, train_drafter
@@ -83,15 +84,17 @@ def main(argv=None):
     times["feature_cache_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    ddir = out / f"drafter_{args.recipe}_{args.taps}t{args.layers}d_{args.steps}steps"
+    hz = [int(h) for h in args.horizons.split(",")] if args.horizons else None
+    ddir = out / (f"drafter_{args.recipe}_{args.taps}t{args.layers}d_{args.steps}steps_{args.anchors}a_lr{args.lr}"
+                  + (f"_h{'-'.join(map(str, hz))}" if hz else ""))
     if not (ddir / "config.json").exists():
-        cfg = TrainConfig(recipe=args.recipe, num_layers=args.layers, target_layer_ids=layer_ids,
+        cfg = TrainConfig(recipe=args.recipe, recipe_overrides={"horizons": hz} if hz else {}, num_layers=args.layers, target_layer_ids=layer_ids,
                           mask_token_id=16, num_anchors=args.anchors, micro_batch_size=1, lr=args.lr,
                           max_steps=args.steps, checkpoint_every=100)
         train_drafter(target, cfg, ddir, out / "work" / ddir.name, feature_cache=fdir)
     summary = json.loads((ddir / "training_summary.json").read_text())
     times["train_s"] = time.perf_counter() - t0
-    drafter = DFlashDrafter.from_pretrained(ddir).attach_target(target).eval()
+    drafter = load_dflash_checkpoint(ddir).attach_target(target).eval()
 
     items = load_benchmark("gsm8k", root, args.eval_prompts, seed=0)
     stop = [target.tokenizer.convert_tokens_to_ids("<|im_end|>"), target.tokenizer.eos_token_id]

@@ -14,8 +14,10 @@ rule benchmark:
             method=METHOD_KEYS,
         ),
     params:
+        cli=CLI,
         stage=stage_json(BENCH_STAGE),
         drafters=drafter_args,
+        out_dir=bench_out_dir,
         code=code("bench"),
         data_root=DATA_ROOT,
     threads: workflow.cores
@@ -28,7 +30,7 @@ rule benchmark:
     conda:
         "../envs/train.yaml"
     shell:
-        "python {CLI} bench --stage {params.stage:q} --target $(dirname {input.target}) "
+        "python {params.cli} bench --stage {params.stage:q} --target $(dirname {input.target}) "
         "--benchmark {wildcards.benchmark} --temperature {wildcards.temp} --repeat {wildcards.repeat} "
-        "{params.drafters} --out-dir $(dirname {output[0]}) --data-root {params.data_root:q} "
+        "{params.drafters} --out-dir {params.out_dir} --data-root {params.data_root:q} "
         "--threads {threads} > {log} 2>&1"

@@ -54,11 +54,11 @@ BENCH_ID = f"{config['target']['name']}-{dcfg.short_hash(BENCH_STAGE)}"
 TEMPS = [f"{t:g}" for t in config["temperatures"]]
 REPEATS = list(range(config["repeats"]))
 BENCHES = config["benchmarks"]["names"]
-METHOD_KEYS = ["ar"] + [dcfg.method_key(s, s.get("drafter_id")) for s in _method_specs()]
+METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in _method_specs())]
 
 
 def stage_json(obj):
-    """Canonical JSON of a stage slice (passed as a rule parameter: a change reruns the job)."""
+    """Canonical JSON of a stage slice (a rule parameter, so that a change reruns the job)."""
     return json.dumps(obj, sort_keys=True)
 
 
@@ -121,6 +121,10 @@ def drafter_inputs(wildcards):
     return {n: f"{drafter_dir(n)}/config.json" for n in DRAFTER_IDS}
 
 
+def bench_out_dir(wildcards):
+    return f"results/bench/{wildcards.bid}/{wildcards.benchmark}/t{wildcards.temp}/r{wildcards.repeat}"
+
+
 def drafter_args(wildcards, input):
     return " ".join(f"--drafter {n}={Path(input[n]).parent}" for n in DRAFTER_IDS)
 
@@ -134,6 +138,6 @@ def table_stage_json():
             "num_prompts": b["num_prompts"],
             "max_new_tokens": b["max_new_tokens"],
             "near_tie_epsilon": config["near_tie_epsilon"],
-            "runtime": "transformers, " + config["target"]["dtype"],
+            "runtime": f"transformers, {config['target']['dtype']}",
         }
     )

@@ -11,6 +11,7 @@ rule table3:
         csv="results/tables/table3.csv",
         tex="results/tables/table3.tex",
     params:
+        cli=CLI,
         stage=table_stage_json(),
         n=len(bench_records()),
         code=code("analysis"),
@@ -22,7 +23,7 @@ rule table3:
     conda:
         "../envs/plot.yaml"
     shell:
-        "python {CLI} table3 --stage {params.stage:q} --records {input} --out-prefix results/tables/table3 "
+        "python {params.cli} table3 --stage {params.stage:q} --records {input} --out-prefix results/tables/table3 "
         "> {log} 2>&1"
 
 
@@ -35,6 +36,7 @@ rule fig2:
         png=report("results/figures/fig2.png", caption="../report/fig2.rst", category="Figures"),
         pdf="results/figures/fig2.pdf",
     params:
+        cli=CLI,
         stage=table_stage_json(),
         n=len(bench_records()),
         code=code("analysis"),
@@ -46,5 +48,5 @@ rule fig2:
     conda:
         "../envs/plot.yaml"
     shell:
-        "python {CLI} fig2 --stage {params.stage:q} --records {input} --out-prefix results/figures/fig2 "
+        "python {params.cli} fig2 --stage {params.stage:q} --records {input} --out-prefix results/figures/fig2 "
         "> {log} 2>&1"

@@ -7,6 +7,7 @@ rule prepare_target:
     output:
         "results/target/{tid}/target.json",
     params:
+        cli=CLI,
         stage=stage_json({**dcfg.target_stage(config), "device": config["target"]["device"],
                           "attn_implementation": config["target"]["attn_implementation"],
                           "num_layers": NUM_TARGET_LAYERS}),
@@ -18,7 +19,7 @@ rule prepare_target:
     conda:
         "../envs/train.yaml"
     shell:
-        "python {CLI} prepare-target --stage {params.stage:q} --out $(dirname {output}) > {log} 2>&1"
+        "python {params.cli} prepare-target --stage {params.stage:q} --out $(dirname {output}) > {log} 2>&1"
 
 
 rule generate_responses:
@@ -29,6 +30,7 @@ rule generate_responses:
     output:
         "results/responses/{rid}/responses.jsonl",
     params:
+        cli=CLI,
         stage=stage_json(dcfg.responses_stage(config)),
         code=code("responses"),
         data_root=DATA_ROOT,
@@ -42,5 +44,5 @@ rule generate_responses:
     conda:
         "../envs/serve.yaml" if config["responses"]["backend"] == "sglang" else "../envs/train.yaml"
     shell:
-        "python {CLI} generate --stage {params.stage:q} --target $(dirname {input.target}) "
+        "python {params.cli} generate --stage {params.stage:q} --target $(dirname {input.target}) "
         "--out {output} --data-root {params.data_root:q} --threads {threads} --gpus {resources.gpu} > {log} 2>&1"

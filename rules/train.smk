@@ -10,6 +10,7 @@ rule target_features:
     output:
         "results/features/{rid}/{fid}/index.json",
     params:
+        cli=CLI,
         stage=features_stage_json,
         responses_stage=stage_json(config["responses"]),
         code=code("features"),
@@ -24,7 +25,7 @@ rule target_features:
     conda:
         "../envs/train.yaml"
     shell:
-        "python {CLI} features --stage {params.stage:q} --target $(dirname {input.target}) "
+        "python {params.cli} features --stage {params.stage:q} --target $(dirname {input.target}) "
         "--responses {input.responses} --responses-stage {params.responses_stage:q} "
         "--out $(dirname {output}) --batch-size {params.batch_size} --threads {threads} > {log} 2>&1"
 
@@ -40,6 +41,7 @@ rule train_drafter:
         config="results/drafters/{did}/config.json",
         summary="results/drafters/{did}/training_summary.json",
     params:
+        cli=CLI,
         stage=drafter_stage_json,
         responses_stage=stage_json(config["responses"]),
         features=features_arg,
@@ -56,7 +58,7 @@ rule train_drafter:
         "../envs/train.yaml"
     shell:
         # checkpoints live outside the declared output (results/work/), so a failed job keeps them and resumes
-        "{params.launcher} {CLI} train --stage {params.stage:q} --target $(dirname {input.target}) "
+        "{params.launcher} {params.cli} train --stage {params.stage:q} --target $(dirname {input.target}) "
         "--responses {input.responses} --responses-stage {params.responses_stage:q} {params.features} "
         "--out $(dirname {output.config}) --work results/work/drafters/{wildcards.did} "
         "--threads {threads} > {log} 2>&1"

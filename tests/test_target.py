@@ -68,3 +68,9 @@ def test_default_layer_rule_matches_upstream():
     assert default_target_layer_ids(30, 28) == list(range(1, 29))
     with pytest.raises(ValueError):
         default_target_layer_ids(4, 5)
+
+
+def test_all_layer_taps_stop_below_the_last_layer():
+    assert default_target_layer_ids(36, 35) == list(range(0, 35))  # the paper's 35t on Qwen3-8B
+    with pytest.raises(ValueError, match="at most"):
+        default_target_layer_ids(36, 36)

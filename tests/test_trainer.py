@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dscout.decoding.engine import SpeculativeEngine
-from dscout.models.drafter import DFlashDrafter
+from dscout.models.export import load_dflash_checkpoint
 from dscout.training.features import FeatureCache, build_feature_cache
 from dscout.training.trainer import TrainConfig, sample_indices, train_drafter
 
@@ -78,7 +78,7 @@ def test_resume_after_kill_reaches_same_state(setup, tmp_path):
     assert [r["block_size"] for r in la] == [r["block_size"] for r in lb]
     for ra, rb in zip(la, lb):
         assert abs(ra["loss"] - rb["loss"]) < 1e-4
-    da, db = DFlashDrafter.from_pretrained(ref), DFlashDrafter.from_pretrained(out)
+    da, db = load_dflash_checkpoint(ref), load_dflash_checkpoint(out)
     for (n, pa), (_, pb) in zip(da.state_dict().items(), db.state_dict().items()):
         torch.testing.assert_close(pa, pb, atol=1e-5, rtol=1e-4, msg=n)
 

@@ -17,9 +17,9 @@ def load_proposer(kind: str, drafter_dir: str, target):
         KeyError: for a method kind without a proposer here.
     """
     if kind in PROPOSER_KINDS:
-        from ..models.drafter import DFlashDrafter
+        from ..models.export import load_dflash_checkpoint
 
-        drafter = DFlashDrafter.from_pretrained(drafter_dir).to(target.device, target.dtype)
+        drafter = load_dflash_checkpoint(drafter_dir, dtype=target.dtype).to(target.device)
         return BlockDiffusionProposer(drafter.attach_target(target))
     raise KeyError(f"no proposer for method kind '{kind}' (known: {', '.join(sorted(PROPOSER_KINDS))})")
 

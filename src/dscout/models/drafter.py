@@ -31,6 +31,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RotaryEmbedding,
 )
 
+from .linear import project
 from .target import default_target_layer_ids
 
 
@@ -302,8 +303,8 @@ class DFlashDrafter(PreTrainedModel):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target LM head over drafter states ``[..., D]`` -> logits ``[..., V]`` (head frozen)."""
         head = self._parts()[1]
-        w = head.weight.detach()
-        return F.linear(hidden, w, head.bias.detach() if getattr(head, "bias", None) is not None else None)
+        bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
+        return project(hidden, head.weight.detach(), bias)
 
     def fuse_context(self, taps: torch.Tensor) -> torch.Tensor:
         """``c = hidden_norm(fc(taps))``: ``[b, C, t * D_target]`` -> ``[b, C, D]`` (dflash-reference §1.2)."""

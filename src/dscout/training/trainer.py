@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from ..models.drafter import DFlashDrafter, DFlashDrafterConfig
+from ..models.export import export_dflash
 from .features import FeatureCache, online_batch, tap_rms
 from .recipes import get_recipe
 from .step import drafter_training_loss
@@ -173,7 +174,8 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     Args:
         target: the frozen :class:`~dscout.models.target.TargetModel`.
         cfg: :class:`TrainConfig`.
-        out_dir: where the final drafter (config.json + weights + ``training_summary.json``) goes.
+        out_dir: where the final drafter goes: the DFlash checkpoint format (``config.json`` with
+            ``dflash_config`` + ``model.safetensors``, see :mod:`dscout.models.export`) + ``training_summary.json``.
         work_dir: scratch folder for checkpoints and the per-step log ``train_log.jsonl``.
         feature_cache: a cache from :func:`~dscout.training.features.build_feature_cache` (CPU default), or
         sequences: tokenised sequences (``input_ids``, ``loss_mask``) for online target features.
@@ -253,13 +255,16 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     out = Path(out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        model.fold_tap_scale()  # the checkpoint is a plain DFlash drafter
-        model.save_pretrained(str(out))
+        model.fold_tap_scale()  # the checkpoint is a plain DFlash drafter ...
+        export_dflash(model, out, dtype=next(model.parameters()).dtype, for_sglang=False)  # SGLang's format
         summary = {"label": model.config.label, "recipe": cfg.recipe, "recipe_resolved": recipe.to_dict(),
                    "train_config": asdict(cfg), "steps": total, "resumed_from_step": start,
                    "train_seconds_this_run": seconds,
+                   "train_seconds": sum(json.loads(l)["seconds"] for l in log_path.read_text().splitlines()
+                                        if l.strip()),
                    "drafter_parameters": sum(p.numel() for p in model.parameters()),
-                   "num_sequences": n, "world_size": world}
+                   "num_sequences": n, "world_size": world,
+                   "sglang_servable": max(model.config.target_layer_ids) <= model.config.num_target_layers - 2}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
         shutil.copy(log_path, out / "train_log.jsonl")
     return out

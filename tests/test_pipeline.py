@@ -1,0 +1,179 @@
+"""The Snakemake workflow: config validation, stage hashing, the paper preset's dry run, and the smoke DAG end to
+end in a temporary directory (records -> Table 3 and Figure 2, nothing rescheduled on a second run)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dscout import config as dcfg
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("DSCOUT_DATA_ROOT", ROOT.parent / "shared" / "data"))
+PROJECT_FILES = ["Snakefile", "config.yaml", "rules", "schemas", "src", "configs", "presets", "envs", "report",
+                 "profiles"]
+
+
+def snakemake(*args, cwd=ROOT, check=True, timeout=900):
+    env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA), "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
+                       env=env, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+    return r
+
+
+def _jobs(dry_run_output: str) -> dict[str, int]:
+    """Job counts from the 'Job stats' table of a dry run."""
+    counts, inside = {}, False
+    for line in dry_run_output.splitlines():
+        if line.startswith("job ") and "count" in line:
+            inside = True
+            continue
+        if inside:
+            parts = line.split()
+            if not parts or parts[0].startswith("---"):
+                continue
+            if parts[0] == "total":
+                break
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+def load(*presets):
+    return dcfg.load_config(ROOT / "config.yaml", *[ROOT / "presets" / p for p in presets])
+
+
+# ------------------------------------------------------------------------------------------- config
+def test_default_and_presets_validate():
+    for presets in ([], ["smoke.yaml"], ["paper.yaml"]):
+        cfg = load(*presets)
+        assert cfg["repeats"] >= 1 and cfg["methods"]
+
+
+@pytest.mark.parametrize("patch, key", [
+    ({"training": {"lr": "fast"}}, "training.lr"),
+    ({"benchmarks": {"nmae": 3}}, "benchmarks"),
+    ({"target": {"dtype": "int3"}}, "target.dtype"),
+    ({"methods": [{"name": "x", "kind": "dscout", "drafter": "nope", "block_size": 8}]}, "methods[0].drafter"),
+])
+def test_bad_config_names_the_key(patch, key):
+    with pytest.raises(ValueError, match=key.replace("[", r"\[").replace("]", r"\]")):
+        dcfg.validate_config(dcfg.deep_merge(yaml.safe_load((ROOT / "config.yaml").read_text()), patch))
+
+
+def test_snakemake_rejects_unknown_key_before_any_job(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training: {learning_rate: 0.1}\n")
+    r = snakemake("-n", "--configfile", str(bad), check=False)
+    assert r.returncode != 0
+    assert "learning_rate" in r.stdout + r.stderr
+
+
+def test_stage_ids_depend_on_exactly_their_slice():
+    base = load()
+    L = base["target"]["num_layers"]
+    ids = lambda c: (dcfg.responses_id(c), dcfg.drafter_id(c, "dscout", L), dcfg.bench_id(c))
+    r0, d0, b0 = ids(base)
+    bench_change = dcfg.deep_merge(base, {"benchmarks": {"max_new_tokens": 99}})
+    assert ids(bench_change)[:2] == (r0, d0) and ids(bench_change)[2] != b0  # no retraining
+    recipe_change = dcfg.deep_merge(base, {"drafters": {"dscout": {"recipe": "dflash"}}})
+    r1, d1, _ = ids(recipe_change)
+    assert r1 == r0 and d1 != d0  # no regeneration, but a new drafter
+    resp_change = dcfg.deep_merge(base, {"responses": {"max_new_tokens": 7}})
+    assert ids(resp_change)[0] != r0 and ids(resp_change)[1] != d0
+    assert dcfg.drafter_id(base, "dflash", L).startswith("dflash-5t2d-")
+
+
+def test_code_digest_tracks_stage_sources():
+    assert dcfg.code_digest("train") != dcfg.code_digest("bench")
+    assert len(dcfg.code_digest("analysis")) == 12
+
+
+def test_envs_pin_what_requirements_pin():
+    req = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, ver = line.split("==")
+            req[name.lower()] = ver
+    for env in (ROOT / "envs").glob("*.yaml"):
+        spec = yaml.safe_load(env.read_text())
+        pins = [p for d in spec["dependencies"] if isinstance(d, dict) for p in d.get("pip", [])]
+        for p in pins:
+            if "==" in p:
+                name, ver = p.split("==")
+                if name.lower() in req:
+                    assert req[name.lower()] == ver, f"{env.name}: {name} {ver} != requirements {req[name.lower()]}"
+
+
+# ------------------------------------------------------------------------------------------- DAG
+def test_lint_is_clean():
+    r = snakemake("--lint", check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_paper_preset_dry_runs():
+    r = snakemake("-n", "--configfile", "presets/paper.yaml")
+    jobs = _jobs(r.stdout)
+    assert jobs["train_drafter"] == 2 and jobs["benchmark"] == 6 * 5 * 2  # six benchmarks, 5 repeats, T in {0, 1}
+    assert jobs["generate_responses"] == 1 and jobs["table3"] == 1
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """The smoke preset run end to end in a copy of the project (results/ stays out of the checkout)."""
+    work = tmp_path_factory.mktemp("smoke")
+    for name in PROJECT_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        elif src.exists():
+            shutil.copy(src, work / name)
+    r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900)
+    return work, r
+
+
+@pytest.mark.slow
+def test_smoke_dag_produces_table3_from_records(smoke_run):
+    work, _ = smoke_run
+    table = (work / "results/tables/table3.md").read_text()
+    assert "DScout(32)" in table and "DFlash(16)" in table and "Paper (reported" in table
+    assert (work / "results/figures/fig2.png").stat().st_size > 0
+    records = [json.loads(l) for f in (work / "results/bench").rglob("*.jsonl") for l in f.read_text().splitlines()]
+    assert {r["benchmark"] for r in records} == {"gsm8k", "math500", "humaneval", "mbpp", "livecodebench", "mt_bench"}
+    required = {"benchmark", "prompt_id", "turn", "method", "drafter", "block_size", "temperature", "repeat",
+                "concurrency", "new_tokens", "decode_seconds", "accept_lengths", "output_ids"}
+    assert all(required <= set(r) for r in records)
+    assert {r["turn"] for r in records if r["benchmark"] == "mt_bench"} == {0, 1}
+    greedy = [r for r in records if r["method"] != "ar" and r["temperature"] == 0]
+    assert greedy and all(r["matches_ar"] or r["near_tie"] for r in greedy)
+    for r in greedy:
+        assert all(1 <= n <= r["block_size"] for n in r["accept_lengths"])
+    drafters = list((work / "results/drafters").glob("*/config.json"))
+    assert len(drafters) == 2
+    assert all((d.parent / "config.resolved.json").exists() for d in drafters)
+    csv = (work / "results/tables/table3.csv").read_text().splitlines()
+    assert csv[0].startswith("benchmark,method_name") and len(csv) > 4
+
+
+@pytest.mark.slow
+def test_second_run_schedules_nothing_and_changes_rerun_only_their_stage(smoke_run):
+    work, _ = smoke_run
+    r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)
+    assert "Nothing to be done" in r.stdout + r.stderr
+    bench_only = work / "bench_only.yaml"
+    bench_only.write_text("benchmarks: {max_new_tokens: 9}\n")
+    jobs = _jobs(snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(bench_only),
+                           cwd=work).stdout)
+    assert "train_drafter" not in jobs and "generate_responses" not in jobs and jobs["benchmark"] >= 1
+    recipe = work / "recipe.yaml"
+    recipe.write_text("drafters: {dscout: {recipe: step3_unmask}}\n")
+    jobs = _jobs(snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(recipe),
+                           cwd=work).stdout)
+    assert jobs.get("train_drafter") == 1 and "generate_responses" not in jobs and "target_features" not in jobs
