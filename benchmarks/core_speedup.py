@@ -27,6 +27,8 @@ def main(argv=None):
     ap.add_argument("--data-root", default=None, help="shared/data folder (default: $DSCOUT_DATA_ROOT or ../shared/data)")
     ap.add_argument("--target", default="gguf:smollm2")
     ap.add_argument("--train-prompts", type=int, default=480)
+    ap.add_argument("--train-sources", default=None,
+                    help="prompt mix, e.g. gsm8k_train:480 (default: half GSM8K-train, half alpaca + code)")
     ap.add_argument("--response-tokens", type=int, default=160)
     ap.add_argument("--recipe", default="dscout")
     ap.add_argument("--horizons", default=None, help="override the recipe's training horizons, e.g. 4,8,12,16")
@@ -70,22 +72,25 @@ def main(argv=None):
     n_math = args.train_prompts // 2
     rest = args.train_prompts - n_math
     sources = {"gsm8k_train": n_math, "alpaca_gpt4_demo": rest // 2, "code_alpaca": rest - rest // 2}
+    if args.train_sources:
+        sources = {k: int(v) for k, v in (kv.split(":") for kv in args.train_sources.split(","))}
     prompts = load_training_prompts(root, sources, seed=0)
-    resp_path = out / "responses.jsonl"
+    resp_path = out / ("responses.jsonl" if not args.train_sources else
+                       f"responses_{args.train_sources.replace(':', '').replace(',', '_')}.jsonl")
     generate_responses(target, prompts, resp_path, max_new_tokens=args.response_tokens)
     seqs = training_sequences(read_jsonl(resp_path), max_length=512)
     times["generate_responses_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     layer_ids = default_target_layer_ids(target.num_layers, args.taps)
-    fdir = out / f"features_{args.taps}t"
+    fdir = out / (f"features_{args.taps}t" + (f"_{resp_path.stem}" if args.train_sources else ""))
     if not (fdir / "index.json").exists():
         build_feature_cache(target, seqs, layer_ids, fdir)
     times["feature_cache_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     hz = [int(h) for h in args.horizons.split(",")] if args.horizons else None
-    ddir = out / (f"drafter_{args.recipe}_{args.taps}t{args.layers}d_{args.steps}steps_{args.anchors}a_lr{args.lr}"
+    ddir = out / (f"drafter_{fdir.name}_{args.recipe}_{args.taps}t{args.layers}d_{args.steps}steps_{args.anchors}a_lr{args.lr}"
                   + (f"_h{'-'.join(map(str, hz))}" if hz else ""))
     if not (ddir / "config.json").exists():
         cfg = TrainConfig(recipe=args.recipe, recipe_overrides={"horizons": hz} if hz else {}, num_layers=args.layers, target_layer_ids=layer_ids,

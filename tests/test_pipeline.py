@@ -95,6 +95,9 @@ def test_code_digest_tracks_stage_sources():
     assert len(dcfg.code_digest("analysis")) == 12
 
 
+SERVE_OWN_PINS = {"torch", "transformers", "tokenizers"}  # envs/serve.yaml follows SGLang's pins for these
+
+
 def test_envs_pin_what_requirements_pin():
     req = {}
     for line in (ROOT / "requirements.txt").read_text().splitlines():
@@ -108,7 +111,7 @@ def test_envs_pin_what_requirements_pin():
         for p in pins:
             if "==" in p:
                 name, ver = p.split("==")
-                if name.lower() in req:
+                if name.lower() in req and not (env.stem == "serve" and name.lower() in SERVE_OWN_PINS):
                     assert req[name.lower()] == ver, f"{env.name}: {name} {ver} != requirements {req[name.lower()]}"
 
 
