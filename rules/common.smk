@@ -122,7 +122,7 @@ def drafter_inputs(wildcards):
 
 
 def bench_out_dir(wildcards):
-    return f"results/bench/{wildcards.bid}/{wildcards.benchmark}/t{wildcards.temp}/r{wildcards.repeat}"
+    return f"results/bench/{wildcards.bid}/{wildcards.benchmark}/t{wildcards.temp}"
 
 
 def drafter_args(wildcards, input):

@@ -158,12 +158,14 @@ def cmd_bench(a):
     drafter_dirs = dict(kv.split("=", 1) for kv in (a.drafter or []))
     stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
     methods = build_methods(target, st["methods"], drafter_dirs, stops)
-    records = run_benchmark(target, methods, prompts, benchmark=a.benchmark, max_new_tokens=max_new,
-                            temperature=a.temperature, repeat=a.repeat, chat=st["chat"],
-                            near_tie_epsilon=st["near_tie_epsilon"], score_outputs=b.get("score", True))
     out = Path(a.out_dir)
-    for m in methods:
-        write_records(records[m.key], out / f"{m.key}.jsonl")
+    for repeat in range(a.repeats):
+        records = run_benchmark(target, methods, prompts, benchmark=a.benchmark, max_new_tokens=max_new,
+                                temperature=a.temperature, repeat=repeat, chat=st["chat"],
+                                near_tie_epsilon=st["near_tie_epsilon"], score_outputs=b.get("score", True),
+                                warmup=repeat == 0)
+        for m in methods:
+            write_records(records[m.key], out / f"r{repeat}" / f"{m.key}.jsonl")
     write_resolved(out / "config.resolved.json", st)
 
 
@@ -211,11 +213,11 @@ def main(argv=None):
     p.add_argument("--features", default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--work", required=True)
-    p = add("bench", cmd_bench, "run one (benchmark, temperature, repeat): AR + every method, side by side")
+    p = add("bench", cmd_bench, "run one (benchmark, temperature): AR + every method side by side, all repeats")
     p.add_argument("--target", required=True)
     p.add_argument("--benchmark", required=True)
     p.add_argument("--temperature", type=float, required=True)
-    p.add_argument("--repeat", type=int, required=True)
+    p.add_argument("--repeats", type=int, required=True, help="repeats 0..N-1, one records folder each")
     p.add_argument("--drafter", action="append", help="name=dir of a trained drafter (repeatable)")
     p.add_argument("--out-dir", required=True)
     p.add_argument("--data-root", default=None)
