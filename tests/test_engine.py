@@ -23,10 +23,10 @@ class OracleProposer:
         self.ref, self.vocab, self.flip = reference, vocab, flip
         self.g = torch.Generator().manual_seed(seed)
 
-    def start(self, taps):
+    def start(self, taps, ids=None):
         self.pos = taps.shape[0]
 
-    def commit(self, taps):
+    def commit(self, taps, ids=None):
         self.pos += taps.shape[0]
 
     def propose(self, last_token, position, k, temperature=0.0, generator=None):

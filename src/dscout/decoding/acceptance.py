@@ -88,3 +88,118 @@ def accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temperature:
     if temperature <= 0:
         return greedy_accept(draft_tokens, target_logits)
     return speculative_accept(draft_tokens, target_logits, temperature, generator, draft_probs)
+
+
+# ------------------------------------------------------------------------------------------- trees
+def tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of every node (root children have depth 1). ``parents[i]`` is -1 (root) or an earlier index.
+
+    Raises:
+        ValueError: if a parent index does not precede its child (the tree must be topologically ordered).
+    """
+    depth = torch.zeros(parents.shape[0], dtype=torch.long)
+    for i, p in enumerate(parents.tolist()):
+        if p >= i:
+            raise ValueError(f"tree node {i} has parent {p}: parents must precede children")
+        depth[i] = 1 if p < 0 else depth[p] + 1
+    return depth
+
+
+def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
+    """``[n + 1, n + 1]`` bool: row i (0 = root, node j at i = j + 1) may see column c iff c is an ancestor-or-self.
+
+    The verify forward of a tree feeds ``[root, node_0, ..., node_{n-1}]``; with this block (plus the whole
+    cached prefix) each node attends exactly to its root->node path, as in EAGLE's tree verification
+    (baselines-reference §1.7).
+    """
+    n = parents.shape[0]
+    m = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    m[:, 0] = True
+    for j, p in enumerate(parents.tolist()):
+        i = j + 1
+        m[i, i] = True
+        if p >= 0:
+            m[i] |= m[p + 1]
+    return m
+
+
+def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:
+    """Root->leaf paths in verify order (0 = root, node j = j + 1), one row per leaf, padded with -1.
+
+    Returns:
+        ``[num_leaves, max_depth + 1]`` long (EAGLE's ``retrieve_indices``).
+    """
+    n = parents.shape[0]
+    has_child = torch.zeros(n, dtype=torch.bool)
+    for p in parents.tolist():
+        if p >= 0:
+            has_child[p] = True
+    paths = []
+    for j in range(n):
+        if has_child[j]:
+            continue
+        path, k = [], j
+        while k >= 0:
+            path.append(k + 1)
+            k = int(parents[k])
+        paths.append([0] + path[::-1])
+    if not paths:
+        return torch.zeros(1, 1, dtype=torch.long)
+    width = max(len(p) for p in paths)
+    return torch.tensor([p + [-1] * (width - len(p)) for p in paths], dtype=torch.long)
+
+
+def greedy_tree_accept(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor) -> tuple[list[int], int]:
+    """Greedy tree verification: the root->leaf path with the longest accepted prefix.
+
+    Args:
+        tokens: ``[n]`` node tokens; parents: ``[n]``; logits: ``[n + 1, V]`` target logits in verify order.
+    Returns:
+        ``(accepted node indices in path order, bonus token)``; the round commits ``len(path) + 1`` tokens.
+    """
+    target_argmax = logits.argmax(-1)  # [n + 1]
+    best, best_len = [], -1
+    for row in retrieve_indices(parents).tolist():
+        acc = []
+        for a, b in zip(row, row[1:]):
+            if b < 0 or int(tokens[b - 1]) != int(target_argmax[a]):
+                break
+            acc.append(b)
+        if len(acc) > best_len:
+            best, best_len = acc, len(acc)
+    last = best[-1] if best else 0
+    return [b - 1 for b in best], int(target_argmax[last])
+
+
+def sampling_tree_accept(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, temperature: float,
+                         generator: torch.Generator) -> tuple[list[int], int]:
+    """Lossless tree walk for deterministic drafts (EAGLE ``evaluate_posterior``; baselines-reference §1.7).
+
+    At node u with target distribution p, try u's children in order: accept child token x with probability
+    p(x); on rejection set p(x) = 0, renormalise and try the next child; on acceptance descend. When no child is
+    accepted (or at a leaf) the bonus is sampled from the current residual p. The committed tokens follow the
+    target distribution exactly (each step is the one-hot-draft rule applied sibling by sibling).
+    """
+    if temperature <= 0:
+        raise ValueError("sampling_tree_accept needs temperature > 0")
+    children: dict[int, list[int]] = {}
+    for j, p in enumerate(parents.tolist()):
+        children.setdefault(p + 1, []).append(j + 1)
+    node, path = 0, []
+    while True:
+        p = target_probs(logits[node], temperature).clone()
+        moved = False
+        for c in children.get(node, []):
+            x = int(tokens[c - 1])
+            px = float(p[x])
+            if px > 0 and float(torch.rand(1, generator=generator)) < px:
+                path.append(c - 1)
+                node, moved = c, True
+                break
+            p[x] = 0.0
+            total = float(p.sum())
+            if total <= 0:
+                break
+            p = p / total
+        if not moved:
+            return path, int(torch.multinomial(p, 1, generator=generator))

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .acceptance import accept, target_probs
+from .acceptance import (accept, greedy_tree_accept, sampling_tree_accept, target_probs, tree_attention_mask,
+                         tree_depths)
+from .proposers import TreeDraft
 
 
 @dataclass
@@ -121,7 +123,7 @@ class SpeculativeEngine:
         out = self.target(ids, layer_ids=self.layer_ids, past_key_values=cache)
         x = sample_token(out.logits[0, -1], temperature, gen)
         if self.proposer is not None:
-            self.proposer.start(out.taps[0])
+            self.proposer.start(out.taps[0], ids[0])
         _sync(dev)
         t1 = time.perf_counter()
         res = GenerationResult(output_ids=[x], prefill_seconds=t1 - t0)
@@ -134,31 +136,33 @@ class SpeculativeEngine:
             remaining = max_new_tokens - len(res.output_ids)
             k = min(block_size - 1, remaining - 1)
             ta = time.perf_counter()
-            draft = None
-            if k > 0:
-                draft = self.proposer.propose(x, position, k, temperature, gen)
-                drafts = draft.tokens.to(dev)
-            else:
-                drafts = torch.empty(0, dtype=torch.long, device=dev)
+            draft = self.proposer.propose(x, position, k, temperature, gen) if k > 0 else None
             _sync(dev)
             tb = time.perf_counter()
-            verify_ids = torch.cat([torch.tensor([x], device=dev), drafts]).view(1, -1)
-            out = self.target(verify_ids, layer_ids=self.layer_ids, past_key_values=cache)
-            logits = out.logits[0]
-            n_acc, bonus = accept(drafts, logits, temperature, gen,
-                                  draft.probs if draft is not None else None)
-            if k - n_acc > 0:
-                cache.crop(-(k - n_acc))
+            if isinstance(draft, TreeDraft):
+                accepted, bonus, keep, out = self._verify_tree(x, position, draft, cache, temperature, gen)
+            else:
+                drafts = draft.tokens.to(dev) if draft is not None else torch.empty(0, dtype=torch.long, device=dev)
+                verify_ids = torch.cat([torch.tensor([x], device=dev), drafts]).view(1, -1)
+                out = self.target(verify_ids, layer_ids=self.layer_ids, past_key_values=cache)
+                n_acc, bonus = accept(drafts, out.logits[0], temperature, gen,
+                                      draft.probs if draft is not None else None)
+                if k - n_acc > 0:
+                    cache.crop(-(k - n_acc))
+                accepted, keep = drafts[:n_acc].tolist(), torch.arange(n_acc + 1, device=dev)
             _sync(dev)
             tc = time.perf_counter()
             if self.proposer is not None:  # drafter-side work: counted as draft time
-                self.proposer.commit(out.taps[0, : n_acc + 1])
+                committed = torch.cat([torch.tensor([x], device=dev), torch.tensor(accepted, dtype=torch.long,
+                                                                                   device=dev)])
+                self.proposer.commit(out.taps[0, keep], committed)
                 _sync(dev)
             td = time.perf_counter()
+            n_acc = len(accepted)
             res.draft_seconds.append((tb - ta) + (td - tc))
             res.verify_seconds.append(tc - tb)
             res.accept_lengths.append(n_acc + 1)
-            new = drafts[:n_acc].tolist() + [bonus]
+            new = accepted + [bonus]
             for tok in new:
                 res.output_ids.append(tok)
                 if tok in self.stop_token_ids:
@@ -170,3 +174,41 @@ class SpeculativeEngine:
             x = bonus
         res.decode_seconds = time.perf_counter() - t1
         return res
+
+    def _verify_tree(self, x: int, position: int, draft: TreeDraft, cache, temperature: float,
+                     gen: torch.Generator):
+        """Verify a token tree in one target forward; keep the accepted path's KV (compacted in place).
+
+        Returns ``(accepted tokens, bonus, kept verify offsets [m], target output)``.
+        """
+        dev = self.target.device
+        tokens, parents = draft.tokens.to(dev), draft.parents.cpu()
+        prefix = cache.get_seq_length()
+        depth = tree_depths(parents)
+        ids = torch.cat([torch.tensor([x], device=dev), tokens]).view(1, -1)
+        pos = (position + torch.cat([torch.zeros(1, dtype=torch.long), depth])).view(1, -1).to(dev)
+        n1 = ids.shape[1]
+        mask = torch.ones(1, 1, n1, prefix + n1, dtype=torch.bool, device=dev)
+        mask[0, 0, :, prefix:] = tree_attention_mask(parents).to(dev)
+        out = self.target(ids, layer_ids=self.layer_ids, past_key_values=cache, attention_mask=mask,
+                          position_ids=pos)
+        logits = out.logits[0]
+        if temperature <= 0:
+            path, bonus = greedy_tree_accept(tokens, parents, logits)
+        else:
+            path, bonus = sampling_tree_accept(tokens, parents, logits, temperature, gen)
+        keep = torch.tensor([0] + [j + 1 for j in path], dtype=torch.long, device=dev)
+        compact_cache(cache, prefix, keep)
+        return [int(tokens[j]) for j in path], bonus, keep, out
+
+
+def compact_cache(cache, prefix_len: int, keep: torch.Tensor) -> None:
+    """Keep the cached prefix plus the entries at offsets ``keep`` after it (accepted tree path), in order.
+
+    Works on ``transformers`` ``DynamicCache`` layers (full attention: ``keys``/``values`` of shape
+    ``[b, heads, seq, head_dim]``).
+    """
+    sel = prefix_len + keep
+    for layer in cache.layers:
+        layer.keys = torch.cat([layer.keys[..., :prefix_len, :], layer.keys[..., sel, :]], dim=-2)
+        layer.values = torch.cat([layer.values[..., :prefix_len, :], layer.values[..., sel, :]], dim=-2)

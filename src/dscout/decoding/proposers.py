@@ -2,10 +2,12 @@
 
 A proposer has three calls, made by :class:`~dscout.decoding.engine.SpeculativeEngine`:
 
-* ``start(context_taps)`` after the target prefill, with the prompt's target taps ``[n, t * D]``;
-* ``propose(last_token, position, num_drafts, temperature, generator) -> Draft``;
-* ``commit(taps)`` after verification, with the taps ``[m, t * D]`` of the ``m`` committed positions (the
-  round's input token and the accepted drafts; not the bonus, whose state the next verify computes).
+* ``start(context_taps, token_ids)`` after the target prefill, with the prompt's target taps ``[n, t * D]``
+  and its token ids ``[n]``;
+* ``propose(last_token, position, num_drafts, temperature, generator) -> Draft | TreeDraft``;
+* ``commit(taps, token_ids)`` after verification, with the taps ``[m, t * D]`` and ids ``[m]`` of the ``m``
+  committed positions (the round's input token and the accepted drafts; not the bonus, whose state the next
+  verify computes).
 
 ``layer_ids`` tells the engine which target layers to tap (empty for proposers that need no features).
 """
@@ -16,6 +18,19 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+
+
+@dataclass
+class TreeDraft:
+    """A token tree (EAGLE-style): node i has token ``tokens[i]`` and parent ``parents[i]`` (-1 = the round's
+    root token, otherwise an earlier node). Verified in one target forward with a tree attention mask.
+
+    Attributes:
+        tokens: ``[n]``; parents: ``[n]`` long, topologically ordered.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
 
 
 @dataclass
@@ -55,15 +70,15 @@ class BlockDiffusionProposer:
         self._next_pos = 0
 
     @torch.no_grad()
-    def start(self, context_taps: torch.Tensor) -> None:
+    def start(self, context_taps: torch.Tensor, token_ids: torch.Tensor | None = None) -> None:
         """Reset and write the prompt's context K/V (``[n, t * D]``) into a fresh drafter cache."""
         self._cache = DynamicCache()
         self._next_pos = 0
         self._materialize(context_taps)
 
     @torch.no_grad()
-    def commit(self, taps: torch.Tensor) -> None:
-        """Add the committed positions' taps ``[m, t * D]`` to the drafter context."""
+    def commit(self, taps: torch.Tensor, token_ids: torch.Tensor | None = None) -> None:
+        """Add the committed positions' taps ``[m, t * D]`` to the drafter context (token ids unused)."""
         self._materialize(taps)
 
     def _materialize(self, taps: torch.Tensor) -> None:
