@@ -123,3 +123,46 @@ def test_engine_tree_path_equals_autoregressive(depth, flip):
         assert all(1 <= n <= depth + 1 for n in s.accept_lengths)
         if flip == 0.0 and depth > 1:
             assert max(s.accept_lengths) == depth + 1
+
+
+def _eagle3(t, draft_vocab=48, seed=2):
+    from dscout.models.eagle3 import Eagle3Drafter, Eagle3DrafterConfig, build_vocab_map
+
+    torch.manual_seed(seed)
+    cfg = Eagle3DrafterConfig.from_target(t.config, draft_vocab_size=draft_vocab, target_layer_ids=[0, 1, 2])
+    d = Eagle3Drafter(cfg).to(t.dtype)
+    counts = torch.rand(t.vocab_size)
+    d.set_vocab_map(*build_vocab_map(counts, draft_vocab))
+    return d.attach_target(t)
+
+
+@pytest.mark.parametrize("topk, depth, tokens", [(1, 4, 5), (3, 3, 10), (4, 5, 16)])
+def test_eagle3_tree_and_chain_drafting_is_lossless(topk, depth, tokens):
+    from dscout.decoding.eagle3_proposer import Eagle3Proposer
+
+    t = tiny_target()
+    d = _eagle3(t)
+    ar = SpeculativeEngine(t, stop_token_ids=[0])
+    spec = SpeculativeEngine(t, Eagle3Proposer(d, topk=topk, depth=depth), stop_token_ids=[0])
+    g = torch.Generator().manual_seed(topk)
+    for _ in range(5):
+        prompt = torch.randint(1, 63, (6,), generator=g).tolist()
+        a = ar.generate(prompt, 30)
+        s = spec.generate(prompt, 30, block_size=tokens)
+        assert s.output_ids == a.output_ids
+        assert all(1 <= n <= depth + 1 for n in s.accept_lengths)
+
+
+def test_eagle3_tree_shape_and_budget():
+    from dscout.decoding.eagle3_proposer import Eagle3Proposer
+
+    t = tiny_target()
+    p = Eagle3Proposer(_eagle3(t), topk=3, depth=4)
+    prompt = torch.tensor([3, 4, 5, 6])
+    out = t(prompt.view(1, -1), layer_ids=p.layer_ids)
+    p.start(out.taps[0], prompt)
+    draft = p.propose(9, 4, 11)
+    assert isinstance(draft, TreeDraft) and draft.tokens.shape[0] == 11
+    depths = tree_depths(draft.parents)
+    assert int(depths.max()) <= 4 and int((draft.parents == -1).sum()) <= 3
+    assert p._cache.get_seq_length() == 4  # the tree's pairs were cropped: committed context only

@@ -61,6 +61,13 @@ def _jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def _json_array(path: Path) -> list[dict]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from err
+
+
 def _field(path: Path, row: int, rec: dict, name: str):
     if name not in rec:
         raise KeyError(f"{path}, row {row}: missing field '{name}'")
@@ -98,10 +105,7 @@ def _humaneval(path: Path) -> list[BenchmarkPrompt]:
 
 
 def _mbpp(path: Path) -> list[BenchmarkPrompt]:
-    try:
-        rows = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from err
+    rows = _json_array(path)
     out = []
     for i, r in enumerate(rows, 1):
         tid = int(_field(path, i, r, "task_id"))
@@ -113,10 +117,7 @@ def _mbpp(path: Path) -> list[BenchmarkPrompt]:
 
 
 def _livecodebench(path: Path) -> list[BenchmarkPrompt]:
-    try:
-        rows = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from err
+    rows = _json_array(path)
     out = []
     for i, r in enumerate(rows, 1):
         q = _field(path, i, r, "question_content")

@@ -12,12 +12,12 @@ import json
 import random
 from pathlib import Path
 
-from .benchmarks import MATH_SUFFIX, _jsonl
+from .benchmarks import MATH_SUFFIX, _json_array, _jsonl
 from .paths import data_file
 
 
 def _alpaca_style(path: Path) -> list[str]:
-    rows = json.loads(path.read_text())
+    rows = _json_array(path)
     out = []
     for i, r in enumerate(rows, 1):
         if "instruction" not in r:
