@@ -93,3 +93,21 @@ def test_training_lowers_the_loss(setup, tmp_path):
     assert last < first * 0.85, (first, last)
     lr = [r["lr"] for r in log]
     assert max(lr) <= 5e-3 + 1e-12 and lr[-1] < lr[len(lr) // 2]  # warmup + cosine decay
+
+
+@pytest.mark.parametrize("kind, options, layer_ids", [
+    ("eagle3", {"draft_vocab_size": 32, "ttt_steps": 3}, [1, 2, 3]),
+    ("pard2", {"draft_k": 4, "feature_layers": [-1, -2]}, None),
+])
+def test_baselines_train_through_the_same_loop(setup, tmp_path, kind, options, layer_ids):
+    t, seqs, cache = setup
+    cfg = _cfg(kind=kind, options=options, target_layer_ids=layer_ids, num_layers=2, max_steps=6,
+               checkpoint_every=0)
+    if kind == "pard2":  # its taps (final + layer L-2) are not all in the fixture cache: online features
+        out = train_drafter(t, cfg, tmp_path / kind, tmp_path / "w", sequences=seqs)
+    else:
+        out = train_drafter(t, cfg, tmp_path / kind, tmp_path / "w", feature_cache=cache)
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["kind"] == kind and summary["steps"] == 6
+    log = _log(out / "train_log.jsonl")
+    assert len(log) == 6 and all(r["loss"] == r["loss"] for r in log)  # finite (not NaN)

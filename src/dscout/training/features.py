@@ -188,6 +188,13 @@ class FeatureCache:
             "lse": f.get_slice("lse")[a:b],
         }
 
+    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(input_ids [S], loss_mask [S])`` of sequence ``i`` without reading its features."""
+        si, j = self._loc[i]
+        f = self._open(si)
+        a, b = int(self._offsets[si][j]), int(self._offsets[si][j + 1])
+        return f.get_slice("input_ids")[a:b].long(), f.get_slice("loss_mask")[a:b].long()
+
     def batch(self, indices: list[int], dtype: torch.dtype = torch.float32, device="cpu") -> FeatureBatch:
         """Right-padded :class:`FeatureBatch` of the given sequences."""
         items = [self.get(i) for i in indices]

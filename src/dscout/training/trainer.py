@@ -30,10 +30,8 @@ import torch
 from tqdm import tqdm
 
 from ..models.drafter import DFlashDrafter, DFlashDrafterConfig
-from ..models.export import export_dflash
-from .features import FeatureCache, online_batch, tap_rms
-from .recipes import get_recipe
-from .step import drafter_training_loss
+from .features import FeatureCache, online_batch
+from .methods import training_method
 
 
 @dataclass
@@ -57,6 +55,9 @@ class TrainConfig:
         checkpoint_every: steps between resumable checkpoints (0 = only at the end).
         dtype: ``float32`` (CPU) or ``bfloat16`` (GPU); must agree with the DeepSpeed JSON.
         init_from_target: initialise each drafter layer from a target layer (else random, as SpecForge).
+        kind: ``dflash`` (DFlash/DScout recipes), ``eagle3`` or ``pard2`` (:mod:`dscout.training.methods`).
+        options: kind-specific settings (EAGLE-3: ``draft_vocab_size``, ``ttt_steps``; PARD-2: ``draft_k``,
+            ``feature_layers``, ``feat_drop_p``, ``cod_r``, ``cod_rmin``).
     """
 
     recipe: str = "dscout"
@@ -77,6 +78,8 @@ class TrainConfig:
     checkpoint_every: int = 50
     dtype: str = "float32"
     init_from_target: bool = False
+    kind: str = "dflash"
+    options: dict = field(default_factory=dict)
 
 
 def _free_port() -> int:
@@ -160,6 +163,10 @@ class _OnlineSource:
     def __len__(self):
         return len(self.sequences)
 
+    def tokens(self, i):
+        s = self.sequences[i]
+        return torch.tensor(s["input_ids"]), torch.tensor(s["loss_mask"])
+
     def batch(self, indices, dtype, device):
         b = online_batch(self.target, [self.sequences[i] for i in indices], self.layer_ids)
         b.taps, b.final_hidden = b.taps.to(dtype), b.final_hidden.to(dtype)
@@ -187,22 +194,18 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     """
     import deepspeed
 
-    recipe = get_recipe(cfg.recipe, **cfg.recipe_overrides)
+    method = training_method(cfg)
     rank, world = init_distributed()
     torch.manual_seed(cfg.seed)
-    drafter = build_drafter(target, cfg, recipe.max_horizon)
-    layer_ids = drafter.config.target_layer_ids
+    drafter = method.build(target)
     if feature_cache is not None:
-        source = FeatureCache(feature_cache, layer_ids)
+        source = FeatureCache(feature_cache, method.layer_ids)
     elif sequences is not None:
-        source = _OnlineSource(target, sequences, layer_ids)
+        source = _OnlineSource(target, sequences, method.layer_ids)
     else:
         raise ValueError("train_drafter needs a feature_cache or sequences")
     n = len(source)
-    # condition fc on standardised taps (folded back into fc before saving; a resumed run recomputes it)
-    probe = [source.batch([i], torch.float32, target.device) for i in range(min(n, 64))]
-    drafter.set_tap_scale(tap_rms(probe))
-    del probe
+    method.prepare(source, target)
     total = cfg.max_steps or max(1, math.ceil(cfg.epochs * n / (cfg.micro_batch_size * world)))
     ds_cfg = _ds_config(cfg.deepspeed_config, cfg, total, world)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
@@ -226,7 +229,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     dtype = getattr(torch, cfg.dtype)
     device = target.device
     t_start = time.perf_counter()
-    bar = tqdm(range(start, total), initial=start, total=total, desc=f"train {cfg.recipe}",
+    bar = tqdm(range(start, total), initial=start, total=total, desc=f"train {cfg.kind if cfg.kind != 'dflash' else cfg.recipe}",
                disable=rank != 0, unit="step", mininterval=2.0)
     model.train()
     with open(log_path, "a") as log:
@@ -235,7 +238,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
             idx = sample_indices(step, rank, world, cfg.micro_batch_size, n, cfg.seed)
             batch = source.batch(idx, dtype, device)
             gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + rank)
-            loss, metrics = drafter_training_loss(model, batch, recipe, cfg.num_anchors, gen)
+            loss, metrics = method.loss(model, batch, gen, target)
             engine.backward(loss)
             engine.step()
             rec = {"step": step, "epoch": (step * world * cfg.micro_batch_size) / n, "loss": float(loss.detach()),
@@ -244,7 +247,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
             if rank == 0:
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
-                bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['accuracy']:.3f}", B=metrics["block_size"])
+                bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec.get('accuracy') or 0:.3f}")
             done = step + 1
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
                 _save_checkpoint(engine, ckpt_dir, done)
@@ -255,16 +258,13 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     out = Path(out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        model.fold_tap_scale()  # the checkpoint is a plain DFlash drafter ...
-        export_dflash(model, out, dtype=next(model.parameters()).dtype, for_sglang=False)  # SGLang's format
-        summary = {"label": model.config.label, "recipe": cfg.recipe, "recipe_resolved": recipe.to_dict(),
+        summary = {**method.save(model, out), "kind": cfg.kind,
                    "train_config": asdict(cfg), "steps": total, "resumed_from_step": start,
                    "train_seconds_this_run": seconds,
                    "train_seconds": sum(json.loads(l)["seconds"] for l in log_path.read_text().splitlines()
                                         if l.strip()),
                    "drafter_parameters": sum(p.numel() for p in model.parameters()),
-                   "num_sequences": n, "world_size": world,
-                   "sglang_servable": max(model.config.target_layer_ids) <= model.config.num_target_layers - 2}
+                   "num_sequences": n, "world_size": world}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
         shutil.copy(log_path, out / "train_log.jsonl")
     return out

@@ -1,0 +1,161 @@
+"""What the one trainer trains: DFlash/DScout drafters and the two baselines, behind one small interface.
+
+A training method builds its model from the target, names the target layers it reads, computes one update's
+loss from a :class:`~dscout.training.step.FeatureBatch`, and saves the result. The DeepSpeed loop, the data
+order, checkpoints and logs (:mod:`dscout.training.trainer`) are shared, so every drafter of Table 3 is trained
+the same way on the same regenerated responses.
+
+=========  ===========================================  ==============================================
+kind       model                                         loss
+=========  ===========================================  ==============================================
+dflash     :class:`~dscout.models.drafter.DFlashDrafter`  factorized DScout/DFlash loss (recipes)
+eagle3     :class:`~dscout.models.eagle3.Eagle3Drafter`    training-time test, 7 steps, 0.8^k (§1.2)
+pard2      :class:`~dscout.models.pard.Pard2Drafter`       0.1 CE + 1.0 KL, CAT weights, COD (§2.2)
+=========  ===========================================  ==============================================
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .recipes import get_recipe
+
+
+class DFlashMethod:
+    """Block-diffusion drafter with a named recipe (dscout.md §2)."""
+
+    kind = "dflash"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.recipe = get_recipe(cfg.recipe, **cfg.recipe_overrides)
+
+    def build(self, target):
+        from .trainer import build_drafter
+
+        self.model = build_drafter(target, self.cfg, self.recipe.max_horizon)
+        self.layer_ids = list(self.model.config.target_layer_ids)
+        return self.model
+
+    def prepare(self, source, target) -> None:
+        """Condition ``fc`` on standardised taps (folded back before saving; recomputed on resume)."""
+        from .features import tap_rms
+
+        probe = [source.batch([i], torch.float32, target.device) for i in range(min(len(source), 64))]
+        self.model.set_tap_scale(tap_rms(probe))
+
+    def loss(self, model, batch, generator, target):
+        from .step import drafter_training_loss
+
+        return drafter_training_loss(model, batch, self.recipe, self.cfg.num_anchors, generator)
+
+    def save(self, model, out_dir) -> dict:
+        from ..models.export import export_dflash
+
+        model.fold_tap_scale()  # the checkpoint is a plain DFlash drafter ...
+        export_dflash(model, out_dir, dtype=next(model.parameters()).dtype, for_sglang=False)  # ... SGLang's layout
+        c = model.config
+        return {"label": c.label, "recipe": self.cfg.recipe, "recipe_resolved": self.recipe.to_dict(),
+                "sglang_servable": max(c.target_layer_ids) <= c.num_target_layers - 2}
+
+
+def _target_logits(batch, target) -> torch.Tensor:
+    """The target's logits ``[b, S, V]`` from the cached final-normed states (no gradient)."""
+    with torch.no_grad():
+        head = target.lm_head
+        return torch.nn.functional.linear(batch.final_hidden.to(head.weight.dtype), head.weight).float()
+
+
+class Eagle3Method:
+    """EAGLE-3: fused three taps, one decoder layer, reduced vocabulary, training-time test."""
+
+    kind = "eagle3"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.opts = {"draft_vocab_size": 8192, "ttt_steps": 7, **cfg.options}
+
+    def build(self, target):
+        from ..models.eagle3 import Eagle3Drafter, Eagle3DrafterConfig
+
+        dv = min(int(self.opts["draft_vocab_size"]), target.vocab_size)
+        config = Eagle3DrafterConfig.from_target(target.config, draft_vocab_size=dv,
+                                                 target_layer_ids=self.cfg.target_layer_ids)
+        self.model = Eagle3Drafter(config).to(dtype=getattr(torch, self.cfg.dtype), device=target.device)
+        self.model.attach_target(target)
+        self.layer_ids = list(config.target_layer_ids)
+        return self.model
+
+    def prepare(self, source, target) -> None:
+        """The draft vocabulary: the most frequent response tokens of the training data (d2t / t2d)."""
+        from ..models.eagle3 import build_vocab_map
+
+        counts = torch.zeros(target.vocab_size)
+        for i in range(len(source)):
+            ids, mask = source.tokens(i)
+            counts += torch.bincount(ids[mask.bool()], minlength=target.vocab_size).float()
+        d2t, t2d = build_vocab_map(counts, self.model.config.draft_vocab_size)
+        self.model.set_vocab_map(d2t, t2d)
+
+    def loss(self, model, batch, generator, target):
+        from .eagle3_loss import eagle3_ttt_loss
+
+        loss, m = eagle3_ttt_loss(model, batch.input_ids, batch.loss_mask, batch.taps, _target_logits(batch, target),
+                                  steps=int(self.opts["ttt_steps"]))
+        return loss, {"accuracy": m["step_accuracy"][0], "step_accuracy": m["step_accuracy"], "block_size": None}
+
+    def save(self, model, out_dir) -> dict:
+        model.save_pretrained(str(out_dir))
+        return {"label": "eagle3-1layer", "draft_vocab_size": model.config.draft_vocab_size}
+
+
+class Pard2Method:
+    """PARD-2: a layer-truncated copy of the target with target features, mask-token parallel drafting."""
+
+    kind = "pard2"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.opts = {"draft_k": 8, "feature_layers": [-1, -8, -16, -24], "feat_drop_p": 0.1, "cod_r": 0.7,
+                     "cod_rmin": 0.1, **cfg.options}
+
+    def build(self, target):
+        from ..models.pard import Pard2Drafter
+
+        self.model = Pard2Drafter.from_target(target, self.cfg.num_layers, mask_token_id=self.cfg.mask_token_id,
+                                              target_layer_ids=list(self.opts["feature_layers"]),
+                                              draft_k=int(self.opts["draft_k"]))
+        self.model = self.model.to(dtype=getattr(torch, self.cfg.dtype))
+        self.layer_ids = list(self.model.tap_layer_ids)
+        self._final_norm = target.final_norm
+        return self.model
+
+    def prepare(self, source, target) -> None:
+        pass
+
+    def loss(self, model, batch, generator, target):
+        from .pard_loss import pard2_loss
+
+        with torch.no_grad():
+            feats = model.features_from_taps(batch.taps, self._final_norm)
+        loss, m = pard2_loss(model, batch.input_ids, batch.loss_mask, feats, _target_logits(batch, target),
+                             k=int(self.opts["draft_k"]), cod_r=self.opts["cod_r"], cod_rmin=self.opts["cod_rmin"],
+                             feat_drop_p=float(self.opts["feat_drop_p"]), generator=generator)
+        return loss, {"accuracy": m.get("acc"), "block_size": int(self.opts["draft_k"]),
+                      **{k: v for k, v in m.items() if k.startswith("acc_b")}}
+
+    def save(self, model, out_dir) -> dict:
+        model.save(out_dir)
+        return {"label": f"pard2-{self.cfg.num_layers}layer-truncated-target",
+                "note": "no smaller same-family model exists for the CPU target: the drafter is a "
+                        "layer-truncated copy of the target"}
+
+
+METHODS = {"dflash": DFlashMethod, "dscout": DFlashMethod, "eagle3": Eagle3Method, "pard2": Pard2Method}
+
+
+def training_method(cfg):
+    """The method object for ``cfg.kind``. Raises KeyError listing the valid kinds."""
+    if cfg.kind not in METHODS:
+        raise KeyError(f"unknown drafter kind '{cfg.kind}'; valid: {', '.join(METHODS)}")
+    return METHODS[cfg.kind](cfg)
