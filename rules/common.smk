@@ -27,12 +27,13 @@ def _drafters_in_use():
 
 DRAFTER_IDS = {n: dcfg.drafter_id(config, n, NUM_TARGET_LAYERS) for n in _drafters_in_use()}
 DRAFTER_STAGES = {DRAFTER_IDS[n]: dcfg.drafter_stage(config, n, NUM_TARGET_LAYERS) for n in DRAFTER_IDS}
-FEATURE_IDS = {
-    did: dcfg.features_id(config, st["layer_ids"]) for did, st in DRAFTER_STAGES.items()
-}
-FEATURE_STAGES = {
-    FEATURE_IDS[did]: dcfg.features_stage(config, st["layer_ids"]) for did, st in DRAFTER_STAGES.items()
-}
+# One feature cache for every drafter: the union of their taps (one target forward writes all layers at once).
+# Its path depends on the responses and the storage dtype only; the layer set is a parameter, so adding a drafter
+# that taps new layers rewrites the cache in place. Drafters read it through ancient(): the rewritten cache holds
+# the same values for the layers an existing drafter uses, so that drafter is not retrained.
+FEATURE_LAYERS = sorted({l for st in DRAFTER_STAGES.values() for l in st["layer_ids"]})
+FEATURE_ID = config["features"]["store_dtype"]
+FEATURE_STAGES = {FEATURE_ID: dcfg.features_stage(config, FEATURE_LAYERS)}
 
 
 def _method_specs():
@@ -104,7 +105,7 @@ def features_stage_json(wildcards):
 def features_of_drafter(wildcards):
     if config["features"]["mode"] != "cache":
         return []
-    return f"results/features/{RESPONSES_ID}/{FEATURE_IDS[wildcards.did]}/index.json"
+    return ancient(f"results/features/{RESPONSES_ID}/{FEATURE_ID}/index.json")
 
 
 def features_arg(wildcards, input):

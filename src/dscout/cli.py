@@ -117,6 +117,8 @@ def cmd_features(a):
 
 
 def cmd_train(a):
+    import torch
+
     from dscout.config import write_resolved
     from dscout.training.trainer import TrainConfig, train_drafter
 
@@ -130,8 +132,9 @@ def cmd_train(a):
         micro_batch_size=tr["micro_batch_size"], lr=tr["lr"], warmup_ratio=tr["warmup_ratio"],
         weight_decay=tr["weight_decay"], max_steps=tr["max_steps"], epochs=tr["epochs"], seed=tr["seed"],
         deepspeed_config=tr["deepspeed_config"], checkpoint_every=tr["checkpoint_every"],
-        dtype="bfloat16" if target.dtype.is_floating_point and str(target.dtype) == "torch.bfloat16" else "float32",
-        init_from_target=st.get("init_from_target", False))
+        dtype="bfloat16" if target.dtype == torch.bfloat16 else "float32",
+        init_from_target=st.get("init_from_target", False), kind=st.get("kind", "dflash"),
+        options=st.get("options") or {})
     t0 = time.time()
     if a.features:
         train_drafter(target, cfg, a.out, a.work, feature_cache=a.features)

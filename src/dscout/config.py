@@ -154,10 +154,21 @@ def drafter_variant(cfg: dict, name: str) -> dict:
 
 
 def resolved_layer_ids(variant: dict, num_target_layers: int) -> list[int]:
+    """The target layers a drafter variant reads (id l = output of decoder layer l), resolved per kind."""
     from .models.target import default_target_layer_ids
 
+    kind = variant.get("kind", "dflash")
+    if kind == "pard2":
+        from .models.pard import resolve_feature_layers
+
+        feats = (variant.get("options") or {}).get("feature_layers", [-1, -8, -16, -24])
+        return [num_target_layers - 1 if l == -1 else l for l in resolve_feature_layers(feats, num_target_layers)]
     if variant.get("target_layer_ids"):
         return list(variant["target_layer_ids"])
+    if kind == "eagle3":
+        from .models.eagle3 import default_eagle3_layer_ids
+
+        return default_eagle3_layer_ids(num_target_layers)
     return default_target_layer_ids(num_target_layers, variant.get("num_taps") or variant["num_layers"])
 
 
@@ -174,14 +185,15 @@ def drafter_stage(cfg: dict, name: str, num_target_layers: int) -> dict:
     v = drafter_variant(cfg, name)
     v.pop("name")
     layer_ids = resolved_layer_ids(v, num_target_layers)
+    feats = {k: cfg["features"][k] for k in ("mode", "store_dtype")}  # not the feature pass's batch size
     return {"responses": responses_id(cfg), "mask_token_id": cfg["target"]["mask_token_id"],
-            "features": cfg["features"], "layer_ids": layer_ids, **v}
+            "features": feats, "layer_ids": layer_ids, **v}
 
 
 def drafter_id(cfg: dict, name: str, num_target_layers: int) -> str:
     st = drafter_stage(cfg, name, num_target_layers)
-    t = len(st["layer_ids"])
-    return f"{name}-{t}t{st['num_layers']}d-{short_hash(st)}"
+    shape = f"{len(st['layer_ids'])}t{st['num_layers']}d" if st.get("kind", "dflash") == "dflash" else st["kind"]
+    return f"{name}-{shape}-{short_hash(st)}"
 
 
 def method_key(spec: dict, drafter_id: str | None) -> str:
@@ -189,6 +201,8 @@ def method_key(spec: dict, drafter_id: str | None) -> str:
     import re
 
     key = spec["kind"] + (f"-bs{spec['block_size']}" if spec.get("block_size") else "")
+    key += (f"-k{spec['topk']}" if spec.get("topk") else "") + (f"-d{spec['depth']}" if spec.get("depth") else "")
+    key += "-nofeat" if spec.get("use_features") is False else ""
     if drafter_id:
         key += f"-{drafter_id}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", key)

@@ -10,18 +10,33 @@ from .runner import Method
 PROPOSER_KINDS = {"dflash", "dscout"}
 
 
-def load_proposer(kind: str, drafter_dir: str, target):
-    """Load a trained drafter of ``kind`` and wrap it as a proposer.
+def load_proposer(spec: dict, drafter_dir: str, target):
+    """Load the trained drafter of a method row and wrap it as the engine's proposer.
 
+    Args:
+        spec: the method row (``kind``; EAGLE-3 ``topk``/``depth``; PARD-2 ``use_features``).
     Raises:
         KeyError: for a method kind without a proposer here.
     """
+    kind = spec["kind"]
     if kind in PROPOSER_KINDS:
         from ..models.export import load_dflash_checkpoint
 
         drafter = load_dflash_checkpoint(drafter_dir, dtype=target.dtype).to(target.device)
         return BlockDiffusionProposer(drafter.attach_target(target))
-    raise KeyError(f"no proposer for method kind '{kind}' (known: {', '.join(sorted(PROPOSER_KINDS))})")
+    if kind == "eagle3":
+        from ..decoding.eagle3_proposer import Eagle3Proposer
+        from ..models.eagle3 import Eagle3Drafter
+
+        drafter = Eagle3Drafter.from_pretrained(drafter_dir).to(target.device, target.dtype).attach_target(target)
+        return Eagle3Proposer(drafter, topk=spec.get("topk", 10), depth=spec.get("depth", 7))
+    if kind == "pard2":
+        from ..decoding.pard_proposer import Pard2Proposer
+        from ..models.pard import Pard2Drafter
+
+        drafter = Pard2Drafter.load(drafter_dir, target=target, dtype=target.dtype, device=target.device)
+        return Pard2Proposer(drafter, target, use_features=spec.get("use_features", True))
+    raise KeyError(f"no proposer for method kind '{kind}' (known: dflash, dscout, eagle3, pard2)")
 
 
 def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_ids: list[int]) -> list[Method]:
@@ -36,9 +51,10 @@ def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_
         name = spec.get("drafter")
         if name not in drafter_dirs:
             raise KeyError(f"method '{spec['name']}' needs drafter '{name}', which was not passed (--drafter)")
-        if name not in cache:
-            cache[name] = load_proposer(spec["kind"], drafter_dirs[name], target)
+        key = (name, spec.get("topk"), spec.get("depth"), spec.get("use_features"))
+        if key not in cache:
+            cache[key] = load_proposer(spec, drafter_dirs[name], target)
         did = spec.get("drafter_id", name)
         methods.append(Method(method_key(spec, did), spec["kind"], spec["name"],
-                              SpeculativeEngine(target, cache[name], stop_ids), spec.get("block_size"), did))
+                              SpeculativeEngine(target, cache[key], stop_ids), spec.get("block_size"), did))
     return methods
