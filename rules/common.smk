@@ -119,7 +119,7 @@ def drafter_stage_json(wildcards):
 
 
 def drafter_inputs(wildcards):
-    return {n: f"{drafter_dir(n)}/config.json" for n in DRAFTER_IDS}
+    return {n: f"{drafter_dir(n)}/training_summary.json" for n in DRAFTER_IDS}
 
 
 def bench_out_dir(wildcards):

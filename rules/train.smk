@@ -38,7 +38,7 @@ rule train_drafter:
         responses=RESPONSES,
         features=features_of_drafter,
     output:
-        config="results/drafters/{did}/config.json",
+        # every kind writes training_summary.json last; dflash/dscout (and eagle3) also config.json + weights
         summary="results/drafters/{did}/training_summary.json",
     params:
         cli=CLI,
@@ -60,5 +60,5 @@ rule train_drafter:
         # checkpoints live outside the declared output (results/work/), so a failed job keeps them and resumes
         "{params.launcher} {params.cli} train --stage {params.stage:q} --target $(dirname {input.target}) "
         "--responses {input.responses} --responses-stage {params.responses_stage:q} {params.features} "
-        "--out $(dirname {output.config}) --work results/work/drafters/{wildcards.did} "
+        "--out $(dirname {output.summary}) --work results/work/drafters/{wildcards.did} "
         "--threads {threads} > {log} 2>&1"

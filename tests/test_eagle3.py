@@ -252,3 +252,28 @@ def test_ttt_loss_memorises_a_tiny_batch(tgt):
     assert first[0] - floor > 0.3
     assert last.item() - floor < 0.4 * (first[0] - floor), (first, last.item(), floor)
     assert m_last["step_accuracy"][0] > first[1] + 0.3
+
+
+def test_public_eagle3_layout_loads(tmp_path):
+    """A checkpoint in the published LlamaForCausalLMEagle3 layout ('model.' prefix, 'layers.0.' names)."""
+    import json as _json
+
+    from safetensors.torch import save_file
+
+    from dscout.models.eagle3 import Eagle3Drafter, Eagle3DrafterConfig, load_public_eagle3
+
+    t = tiny_target(dtype=torch.float32, layers=6)
+    cfg = Eagle3DrafterConfig.from_target(t.config, draft_vocab_size=32)
+    ref = Eagle3Drafter(cfg)
+    state = {"model." + k.replace("midlayer.", "layers.0."): v for k, v in ref.state_dict().items()
+             if not k.startswith("rotary_emb")}
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(_json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 32, "intermediate_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_parameters["rope_theta"], "vocab_size": 64, "draft_vocab_size": 32,
+        "num_hidden_layers": 1}))
+    d = load_public_eagle3(str(tmp_path), t.config, dtype=torch.float32)
+    assert d.config.target_layer_ids == [1, 2, 2]
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(d.state_dict()[k], v, msg=k)

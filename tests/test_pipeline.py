@@ -124,7 +124,7 @@ def test_lint_is_clean():
 def test_paper_preset_dry_runs():
     r = snakemake("-n", "--configfile", "presets/paper.yaml")
     jobs = _jobs(r.stdout)
-    assert jobs["train_drafter"] == 2 and jobs["benchmark"] == 6 * 2  # six benchmarks x T in {0, 1}, 5 repeats each
+    assert jobs["train_drafter"] == 4 and jobs["benchmark"] == 6 * 2  # six benchmarks x T in {0, 1}, 5 repeats each
     assert jobs["generate_responses"] == 1 and jobs["table3"] == 1
 
 
@@ -146,7 +146,8 @@ def smoke_run(tmp_path_factory):
 def test_smoke_dag_produces_table3_from_records(smoke_run):
     work, _ = smoke_run
     table = (work / "results/tables/table3.md").read_text()
-    assert "DScout(32)" in table and "DFlash(16)" in table and "Paper (reported" in table
+    assert "DScout(32)" in table and "DFlash(16)" in table and "EAGLE-3" in table and "PARD-2" in table
+    assert "Paper (reported" in table
     assert (work / "results/figures/fig2.png").stat().st_size > 0
     records = [json.loads(l) for f in (work / "results/bench").rglob("*.jsonl") for l in f.read_text().splitlines()]
     assert {r["benchmark"] for r in records} == {"gsm8k", "math500", "humaneval", "mbpp", "livecodebench", "mt_bench"}
@@ -158,9 +159,13 @@ def test_smoke_dag_produces_table3_from_records(smoke_run):
     assert greedy and all(r["matches_ar"] or r["near_tie"] for r in greedy)
     for r in greedy:
         assert all(1 <= n <= r["block_size"] for n in r["accept_lengths"])
-    drafters = list((work / "results/drafters").glob("*/config.json"))
-    assert len(drafters) == 2
+    drafters = list((work / "results/drafters").glob("*/training_summary.json"))
+    assert {json.loads(d.read_text())["kind"] for d in drafters} == {"dflash", "eagle3", "pard2"}
     assert all((d.parent / "config.resolved.json").exists() for d in drafters)
+    for d in (work / "results/drafters").glob("d*-2t1d-*"):  # DFlash / DScout: the DFlash checkpoint layout
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg["architectures"] == ["DFlashDraftModel"] and "target_layer_ids" in cfg["dflash_config"]
+    assert {r["method"] for r in records} == {"ar", "dflash", "dscout", "eagle3", "pard2"}
     csv = (work / "results/tables/table3.csv").read_text().splitlines()
     assert csv[0].startswith("benchmark,method_name") and len(csv) > 4
 
@@ -180,3 +185,7 @@ def test_second_run_schedules_nothing_and_changes_rerun_only_their_stage(smoke_r
     jobs = _jobs(snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(recipe),
                            cwd=work).stdout)
     assert jobs.get("train_drafter") == 1 and "generate_responses" not in jobs and "target_features" not in jobs
+    taps = work / "taps.yaml"  # a drafter with other taps retrains alone, whatever happens to the union cache
+    taps.write_text("drafters: {dflash: {num_taps: 3}}\n")
+    jobs = _jobs(snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(taps), cwd=work).stdout)
+    assert jobs.get("train_drafter") == 1 and "generate_responses" not in jobs

@@ -424,3 +424,64 @@ class Eagle3Drafter(PreTrainedModel):
         rope = self.rotary_emb(u, position_ids)
         a = self.midlayer(e, u, rope, attention_mask, past_key_values)
         return a, self.compute_logits(a)
+
+
+def load_public_eagle3(path: str, target_config, dtype: torch.dtype = torch.bfloat16) -> "Eagle3Drafter":
+    """Load a published EAGLE-3 checkpoint (``LlamaForCausalLMEagle3`` layout) into :class:`Eagle3Drafter`.
+
+    Covers the layouts of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B and the SpecForge/AngelSlim exports
+    (baselines-reference §1.6): config keys ``hidden_size``, ``intermediate_size``, ``num_attention_heads``,
+    ``num_key_value_heads``, ``rms_norm_eps``, ``rope_theta``, ``vocab_size``, ``draft_vocab_size``; tensors
+    ``fc``, ``midlayer.*`` (or ``layers.0.*``), ``norm``, ``lm_head``, ``d2t``, ``t2d``, optionally prefixed
+    ``model.``. The taps are EAGLE-3's defaults for the target (HF {2, L/2, L-3} = our ids {1, L/2-1, L-4}).
+
+    Args:
+        path: local folder or hub id (the cluster has the hub; nothing is downloaded on the CPU default).
+        target_config: the target's HF config (layer count and hidden size).
+    Raises:
+        ValueError: on a tensor that does not map onto the drafter, or a missing one.
+    """
+    import json
+    import os
+
+    from safetensors.torch import load_file
+
+    if not os.path.isdir(path):
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(path)
+    c = json.loads(open(os.path.join(path, "config.json")).read())
+    L = target_config.num_hidden_layers
+    cfg = Eagle3DrafterConfig(
+        vocab_size=c["vocab_size"], draft_vocab_size=c.get("draft_vocab_size", c["vocab_size"]),
+        hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
+        head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+        rms_norm_eps=c.get("rms_norm_eps", 1e-6), max_position_embeddings=c.get("max_position_embeddings", 8192),
+        rope_parameters={"rope_type": "default", "rope_theta": float(c.get("rope_theta", 10000.0))},
+        target_hidden_size=c.get("target_hidden_size") or target_config.hidden_size,
+        target_layer_ids=default_eagle3_layer_ids(L), num_target_layers=L)
+    model = Eagle3Drafter(cfg)
+    state = {}
+    files = [f for f in os.listdir(path) if f.endswith(".safetensors")]
+    for f in files:
+        state.update(load_file(os.path.join(path, f)))
+    if not files and os.path.exists(os.path.join(path, "pytorch_model.bin")):
+        state = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    mapped = {}
+    for name, t in state.items():
+        n = name[len("model."):] if name.startswith("model.") else name
+        n = n.replace("layers.0.", "midlayer.")
+        if n.startswith("embed_tokens"):
+            continue  # the target's embedding is used
+        mapped[n] = t
+    own = model.state_dict()
+    unknown = [n for n in mapped if n not in own]
+    if unknown:
+        raise ValueError(f"{path}: tensors that do not map onto the EAGLE-3 drafter: {unknown[:5]}")
+    missing = [n for n in own if n not in mapped and not n.startswith("rotary_emb")]
+    if missing:
+        raise ValueError(f"{path}: missing tensors {missing[:5]}")
+    model.load_state_dict({**own, **mapped})
+    return model.to(dtype)
