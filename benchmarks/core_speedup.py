@@ -41,6 +41,9 @@ def main(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--block-sizes", default="4,8,16")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--kernels", choices=["packed", "stock"], default="packed",
+                    help="packed = oneDNN pre-packed linears for target and drafter (dscout.models.linear); "
+                         "stock = plain F.linear. AR and speculative decoding always share the same kernels.")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -101,6 +104,11 @@ def main(argv=None):
     times["train_s"] = time.perf_counter() - t0
     drafter = load_dflash_checkpoint(ddir).attach_target(target).eval()
 
+    if args.kernels == "packed":
+        from dscout.models.linear import pack_linears
+
+        pack_linears(target.model, extra_weights=(target.lm_head.weight,))
+        pack_linears(drafter)
     items = load_benchmark("gsm8k", root, args.eval_prompts, seed=0)
     stop = [target.tokenizer.convert_tokens_to_ids("<|im_end|>"), target.tokenizer.eos_token_id]
     ar = SpeculativeEngine(target, stop_token_ids=stop)
@@ -121,7 +129,7 @@ def main(argv=None):
                                   "draft_s": sum(s.draft_seconds), "verify_s": sum(s.verify_seconds)})
     ar_tpot = statistics.mean(r["tpot"] for r in per["ar"])
     rows = []
-    print(f"\ntarget SmolLM2-135M-Instruct (CPU, {torch.get_num_threads()} threads); drafter {summary['label']} "
+    print(f"\ntarget SmolLM2-135M-Instruct (CPU, {torch.get_num_threads()} threads, {args.kernels} kernels); drafter {summary['label']} "
           f"({summary['drafter_parameters'] / 1e6:.1f}M params, recipe {args.recipe}, {summary['steps']} steps, "
           f"{times['train_s']:.0f} s); GSM8K test prompts: {len(items)}, max {args.max_new_tokens} new tokens")
     print(f"{'method':<10}{'tau':>8}{'TPOT ms':>10}{'speedup':>9}")
@@ -135,7 +143,8 @@ def main(argv=None):
     print(f"greedy outputs differing from AR: {mismatches} of {len(items) * len(block_sizes)}")
     print("stage seconds:", {k: round(v, 1) for k, v in times.items()})
     result = {"ar_tpot_s": ar_tpot, "methods": rows, "mismatches": mismatches, "stage_seconds": times,
-              "drafter": summary, "per_prompt": per, "threads": torch.get_num_threads()}
+              "drafter": summary, "per_prompt": per, "threads": torch.get_num_threads(),
+              "kernels": args.kernels}
     (out / "core_speedup.json").write_text(json.dumps(result, indent=1))
     try:
         import matplotlib

@@ -102,14 +102,33 @@ def features_stage_json(wildcards):
     return stage_json(FEATURE_STAGES[wildcards.fid])
 
 
+def _imported(wildcards):
+    return bool(DRAFTER_STAGES.get(wildcards.did, {}).get("pretrained"))
+
+
+def responses_of_drafter(wildcards):
+    return [] if _imported(wildcards) else RESPONSES
+
+
 def features_of_drafter(wildcards):
-    if config["features"]["mode"] != "cache":
+    if config["features"]["mode"] != "cache" or _imported(wildcards):
         return []
     return ancient(f"results/features/{RESPONSES_ID}/{FEATURE_ID}/index.json")
 
 
 def features_arg(wildcards, input):
-    return f"--features {Path(input.features).parent}" if config["features"]["mode"] == "cache" else ""
+    if config["features"]["mode"] != "cache" or _imported(wildcards):
+        return ""
+    return f"--features {Path(input.features).parent}"
+
+
+def launcher(wildcards):
+    """DeepSpeed's launcher over the job's GPUs for training; plain python on the CPU or for an import."""
+    return f"deepspeed --num_gpus {GPUS}" if GPUS > 0 and not _imported(wildcards) else "python"
+
+
+def responses_arg(wildcards, input):
+    return "" if _imported(wildcards) else f"--responses {input.responses}"
 
 
 def drafter_stage_json(wildcards):
@@ -139,6 +158,6 @@ def table_stage_json():
             "num_prompts": b["num_prompts"],
             "max_new_tokens": b["max_new_tokens"],
             "near_tie_epsilon": config["near_tie_epsilon"],
-            "runtime": f"transformers, {config['target']['dtype']}",
+            "runtime": f"transformers, {config['target']['dtype']}" + (", oneDNN packed linears" if b.get("cpu_packed_linear") else ""),
         }
     )

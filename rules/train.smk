@@ -35,7 +35,7 @@ rule train_drafter:
         "Training drafter {wildcards.did}"
     input:
         target=f"{TARGET_DIR}/target.json",
-        responses=RESPONSES,
+        responses=responses_of_drafter,
         features=features_of_drafter,
     output:
         # every kind writes training_summary.json last; dflash/dscout (and eagle3) also config.json + weights
@@ -45,7 +45,8 @@ rule train_drafter:
         stage=drafter_stage_json,
         responses_stage=stage_json(config["responses"]),
         features=features_arg,
-        launcher=f"deepspeed --num_gpus {GPUS}" if GPUS > 0 else "python",
+        responses=responses_arg,
+        launcher=launcher,
         code=code("train"),
     threads: workflow.cores
     resources:
@@ -59,6 +60,6 @@ rule train_drafter:
     shell:
         # checkpoints live outside the declared output (results/work/), so a failed job keeps them and resumes
         "{params.launcher} {params.cli} train --stage {params.stage:q} --target $(dirname {input.target}) "
-        "--responses {input.responses} --responses-stage {params.responses_stage:q} {params.features} "
+        "{params.responses} --responses-stage {params.responses_stage:q} {params.features} "
         "--out $(dirname {output.summary}) --work results/work/drafters/{wildcards.did} "
         "--threads {threads} > {log} 2>&1"

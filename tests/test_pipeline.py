@@ -124,8 +124,28 @@ def test_lint_is_clean():
 def test_paper_preset_dry_runs():
     r = snakemake("-n", "--configfile", "presets/paper.yaml")
     jobs = _jobs(r.stdout)
+    # DFlash + DScout trained; EAGLE-3 and PARD-2 imported from their public checkpoints by the same rule
     assert jobs["train_drafter"] == 4 and jobs["benchmark"] == 6 * 2  # six benchmarks x T in {0, 1}, 5 repeats each
     assert jobs["generate_responses"] == 1 and jobs["table3"] == 1
+
+
+def test_paper_preset_dry_runs_with_slurm_profile():
+    """The cluster command line, minus conda (not installable here; env-modules is a no-op stand-in)."""
+    r = snakemake("-n", "--configfile", "presets/paper.yaml", "--profile", "profiles/slurm", "--sdm", "env-modules")
+    jobs = _jobs(r.stdout)
+    assert jobs["train_drafter"] == 4 and jobs["benchmark"] == 12 and jobs["all"] == 1
+
+
+def test_imported_drafters_need_no_responses():
+    """A pretrained baseline's job depends on the target only: a responses change must not touch it."""
+    import copy
+
+    base = dcfg.validate_config(yaml.safe_load((ROOT / "presets" / "paper.yaml").read_text()))
+    changed = copy.deepcopy(base)
+    changed["responses"]["max_new_tokens"] = 123
+    assert dcfg.drafter_id(changed, "eagle3", 36) == dcfg.drafter_id(base, "eagle3", 36)
+    assert "pretrained" in dcfg.drafter_id(base, "pard2", 36)
+    assert dcfg.drafter_id(changed, "dscout", 36) != dcfg.drafter_id(base, "dscout", 36)
 
 
 @pytest.fixture(scope="module")

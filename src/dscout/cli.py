@@ -125,6 +125,12 @@ def cmd_train(a):
     st = json.loads(a.stage)
     _set_threads(a.threads)
     target = load_target(a.target)
+    if st.get("pretrained"):
+        from dscout.models.pretrained import import_pretrained_drafter
+
+        import_pretrained_drafter(st["kind"], st["pretrained"], target, a.out)
+        write_resolved(Path(a.out) / "config.resolved.json", st)
+        return
     tr = st["training"]
     cfg = TrainConfig(
         recipe=st["recipe"], recipe_overrides=st.get("recipe_overrides") or {}, num_layers=st["num_layers"],
@@ -160,7 +166,8 @@ def cmd_bench(a):
     prompts = load_benchmark(a.benchmark, data_root(a.data_root), n, seed=b["seed"])
     drafter_dirs = dict(kv.split("=", 1) for kv in (a.drafter or []))
     stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
-    methods = build_methods(target, st["methods"], drafter_dirs, stops)
+    methods = build_methods(target, st["methods"], drafter_dirs, stops,
+                            cpu_packed_linear=b.get("cpu_packed_linear", False))
     out = Path(a.out_dir)
     for repeat in range(a.repeats):
         records = run_benchmark(target, methods, prompts, benchmark=a.benchmark, max_new_tokens=max_new,
@@ -209,9 +216,9 @@ def main(argv=None):
     p.add_argument("--responses-stage", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--batch-size", type=int, default=4)
-    p = add("train", cmd_train, "train one drafter (DeepSpeed)")
+    p = add("train", cmd_train, "train one drafter (DeepSpeed), or import a published one (stage 'pretrained')")
     p.add_argument("--target", required=True)
-    p.add_argument("--responses", required=True)
+    p.add_argument("--responses", default=None)
     p.add_argument("--responses-stage", required=True)
     p.add_argument("--features", default=None)
     p.add_argument("--out", required=True)

@@ -184,6 +184,9 @@ def features_id(cfg: dict, layer_ids: list[int]) -> str:
 def drafter_stage(cfg: dict, name: str, num_target_layers: int) -> dict:
     v = drafter_variant(cfg, name)
     v.pop("name")
+    if v.get("pretrained"):  # imported, not trained: depends on the target and the checkpoint only
+        return {"target": target_id(cfg), "kind": v.get("kind", "dflash"), "pretrained": v["pretrained"],
+                "num_layers": v["num_layers"], "layer_ids": [], "mask_token_id": cfg["target"]["mask_token_id"]}
     layer_ids = resolved_layer_ids(v, num_target_layers)
     feats = {k: cfg["features"][k] for k in ("mode", "store_dtype")}  # not the feature pass's batch size
     return {"responses": responses_id(cfg), "mask_token_id": cfg["target"]["mask_token_id"],
@@ -192,7 +195,12 @@ def drafter_stage(cfg: dict, name: str, num_target_layers: int) -> dict:
 
 def drafter_id(cfg: dict, name: str, num_target_layers: int) -> str:
     st = drafter_stage(cfg, name, num_target_layers)
-    shape = f"{len(st['layer_ids'])}t{st['num_layers']}d" if st.get("kind", "dflash") == "dflash" else st["kind"]
+    if st.get("pretrained"):
+        shape = "pretrained"
+    elif st.get("kind", "dflash") == "dflash":
+        shape = f"{len(st['layer_ids'])}t{st['num_layers']}d"
+    else:
+        shape = st["kind"]
     return f"{name}-{shape}-{short_hash(st)}"
 
 
@@ -212,7 +220,8 @@ def bench_stage(cfg: dict) -> dict:
     """What every benchmark record depends on besides the drafters (their ids are part of each method)."""
     b = cfg["benchmarks"]
     t = cfg["target"]
-    return {"target": target_id(cfg), "benchmarks": {k: b[k] for k in ("num_prompts", "max_new_tokens", "seed")},
+    return {"target": target_id(cfg), "benchmarks": {k: b[k] for k in ("num_prompts", "max_new_tokens", "seed",
+                                                                               "cpu_packed_linear")},
             "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
                      "stop_tokens": t.get("stop_tokens")}}
 

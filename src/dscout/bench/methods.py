@@ -39,12 +39,19 @@ def load_proposer(spec: dict, drafter_dir: str, target):
     raise KeyError(f"no proposer for method kind '{kind}' (known: dflash, dscout, eagle3, pard2)")
 
 
-def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_ids: list[int]) -> list[Method]:
+def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_ids: list[int],
+                  cpu_packed_linear: bool = False) -> list[Method]:
     """AR plus one method per spec (``{name, kind, drafter, block_size, drafter_id}``).
 
     ``drafter_dirs`` maps the config's drafter names to trained drafter folders. Proposers of the same drafter
-    are shared between rows that differ only in block size.
+    are shared between rows that differ only in block size. With ``cpu_packed_linear`` the target and every
+    drafter run their linear layers through oneDNN pre-packed weights (:func:`dscout.models.linear.pack_linears`;
+    a no-op off the CPU or outside float32), so AR and all methods share the same kernels.
     """
+    if cpu_packed_linear:
+        from ..models.linear import pack_linears
+
+        pack_linears(target.model, extra_weights=(target.lm_head.weight,))
     methods = [Method("ar", "ar", "AR", SpeculativeEngine(target, None, stop_ids))]
     cache = {}
     for spec in specs:
@@ -54,6 +61,8 @@ def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_
         key = (name, spec.get("topk"), spec.get("depth"), spec.get("use_features"))
         if key not in cache:
             cache[key] = load_proposer(spec, drafter_dirs[name], target)
+            if cpu_packed_linear:
+                pack_linears(cache[key].drafter)
         did = spec.get("drafter_id", name)
         methods.append(Method(method_key(spec, did), spec["kind"], spec["name"],
                               SpeculativeEngine(target, cache[key], stop_ids), spec.get("block_size"), did))

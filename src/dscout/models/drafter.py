@@ -304,7 +304,7 @@ class DFlashDrafter(PreTrainedModel):
         """Target LM head over drafter states ``[..., D]`` -> logits ``[..., V]`` (head frozen)."""
         head = self._parts()[1]
         bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-        return project(hidden, head.weight.detach(), bias)
+        return project(hidden, head.weight, bias)
 
     def fuse_context(self, taps: torch.Tensor) -> torch.Tensor:
         """``c = hidden_norm(fc(taps))``: ``[b, C, t * D_target]`` -> ``[b, C, D]`` (dflash-reference §1.2)."""

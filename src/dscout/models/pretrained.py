@@ -1,0 +1,67 @@
+"""Import a published drafter checkpoint into ``results/drafters/<id>/`` in place of training it.
+
+The cluster preset benchmarks the baselines from their public releases, as the paper did (baselines-reference
+§1.6, §2.2; dflash-reference §4.1): z-lab DFlash drafters, EAGLE-3 drafters (yuhuili / AngelSlim / SpecForge
+layout) and PARD-2 drafters (amd/PARD2-*). Each is converted once into the folder layout our engine loads
+for that kind, with a ``training_summary.json`` that records the source instead of training statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+KINDS = ("dflash", "eagle3", "pard2")
+
+
+def _local(source: str) -> str:
+    """A local folder as is; otherwise a hub id fetched with ``huggingface_hub`` (cluster only)."""
+    if os.path.isdir(source):
+        return source
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(source)
+
+
+def import_pretrained_drafter(kind: str, source: str, target, out_dir: str | os.PathLike) -> dict:
+    """Convert a published checkpoint of ``kind`` into ``out_dir`` and return its summary.
+
+    Args:
+        kind: ``dflash`` (DFlash format, served by SGLang as is), ``eagle3`` or ``pard2``.
+        source: local folder or hub id.
+        target: the :class:`~dscout.models.target.TargetModel` the drafter was trained for; its shape is checked.
+        out_dir: the drafter folder (written: the kind's weights + ``training_summary.json``, last).
+    Raises:
+        ValueError: for an unknown kind, or a checkpoint that does not match the target (vocabulary, hidden
+            size or layer count).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"cannot import a '{kind}' drafter (known: {', '.join(KINDS)})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = _local(source)
+    if kind == "dflash":
+        from .export import export_dflash, load_dflash_checkpoint
+
+        drafter = load_dflash_checkpoint(path, dtype=torch.float32).attach_target(target)
+        export_dflash(drafter, out, dtype=target.dtype, for_sglang=False)
+        label = f"{len(drafter.config.target_layer_ids)}t{drafter.config.num_hidden_layers}d"
+    elif kind == "eagle3":
+        from .eagle3 import load_public_eagle3
+
+        drafter = load_public_eagle3(path, target.config, dtype=target.dtype).attach_target(target)
+        drafter.save_pretrained(str(out))
+        label = "eagle3"
+    else:
+        from .pard import Pard2Drafter
+
+        drafter = Pard2Drafter.from_pretrained(path, target=target, dtype=target.dtype)
+        drafter.save(out)
+        label = "pard2"
+    summary = {"kind": kind, "pretrained": source, "label": label, "steps": 0,
+               "drafter_parameters": sum(p.numel() for p in drafter.parameters())}
+    (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
