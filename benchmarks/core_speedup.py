@@ -4,7 +4,7 @@ prompts with AR and with speculative decoding in one run, and print τ, TPOT and
 This is a benchmark script, not a test: it takes minutes and its numbers depend on the machine. It writes
 ``<out>/core_speedup.json`` (every per-prompt number) and ``<out>/core_speedup.png`` (TPOT per method).
 
-    python benchmarks/core_speedup.py --out results/core_speedup            # the CPU default (~15 min)
+    python benchmarks/core_speedup.py --out results/core_speedup            # the CPU default (~25 min)
     python benchmarks/core_speedup.py --out /tmp/cs --train-prompts 64 --steps 30 --eval-prompts 3  # quick
 
 Stages are cached in ``--out`` (target, responses, features, drafter): rerunning skips what exists.
@@ -27,19 +27,21 @@ def main(argv=None):
     ap.add_argument("--data-root", default=None, help="shared/data folder (default: $DSCOUT_DATA_ROOT or ../shared/data)")
     ap.add_argument("--target", default="gguf:smollm2")
     ap.add_argument("--train-prompts", type=int, default=480)
-    ap.add_argument("--train-sources", default=None,
-                    help="prompt mix, e.g. gsm8k_train:480 (default: half GSM8K-train, half alpaca + code)")
+    ap.add_argument("--train-sources", default="gsm8k_train:480",
+                    help="training prompt mix 'source:count,...' (in-domain GSM8K-train by default; '' = "
+                         "--train-prompts split half GSM8K-train, half alpaca + code)")
     ap.add_argument("--response-tokens", type=int, default=160)
     ap.add_argument("--recipe", default="dscout")
-    ap.add_argument("--horizons", default=None, help="override the recipe's training horizons, e.g. 4,8,12,16")
+    ap.add_argument("--horizons", default="4,8,12,16",
+                    help="the recipe's training horizons, scaled to what a 135M target's drafter can reach")
     ap.add_argument("--layers", type=int, default=2, help="drafter depth d")
     ap.add_argument("--taps", type=int, default=5, help="conditioning depth t")
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--anchors", type=int, default=48)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--anchors", type=int, default=12)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--eval-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--block-sizes", default="4,8,16")
+    ap.add_argument("--block-sizes", default="3,4,6,8")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--kernels", choices=["packed", "stock"], default="packed",
                     help="packed = oneDNN pre-packed linears for target and drafter (dscout.models.linear); "
