@@ -18,6 +18,7 @@ include: "rules/target.smk"
 include: "rules/train.smk"
 include: "rules/bench.smk"
 include: "rules/paper.smk"
+include: "rules/study.smk"
 
 
 rule all:

@@ -133,7 +133,7 @@ def main(argv=None):
     rows = []
     print(f"\ntarget SmolLM2-135M-Instruct (CPU, {torch.get_num_threads()} threads, {args.kernels} kernels); drafter {summary['label']} "
           f"({summary['drafter_parameters'] / 1e6:.1f}M params, recipe {args.recipe}, {summary['steps']} steps, "
-          f"{times['train_s']:.0f} s); GSM8K test prompts: {len(items)}, max {args.max_new_tokens} new tokens")
+          f"{summary.get('train_seconds', times['train_s']):.0f} s of training); GSM8K test prompts: {len(items)}, max {args.max_new_tokens} new tokens")
     print(f"{'method':<10}{'tau':>8}{'TPOT ms':>10}{'speedup':>9}")
     print(f"{'AR':<10}{1.0:>8.2f}{ar_tpot * 1e3:>10.1f}{1.0:>9.2f}")
     for b in block_sizes:

@@ -23,7 +23,7 @@ rule benchmark:
         repeats=len(REPEATS),
         code=code("bench"),
         data_root=DATA_ROOT,
-    threads: workflow.cores
+    threads: JOB_THREADS
     resources:
         gpu=min(GPUS, 1),
     log:

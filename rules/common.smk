@@ -1,6 +1,7 @@
 # Helpers shared by every rule: config validation, stage ids (hashes of the exact config each stage depends
 # on), the per-stage JSON passed to the CLI, and the code digests that rerun a stage when its sources change.
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,14 @@ NUM_TARGET_LAYERS = config["target"]["num_layers"]
 TARGET_ID = dcfg.target_id(config)
 RESPONSES_ID = dcfg.responses_id(config)
 GPUS = config["training"]["num_gpus"]
+# threads of each heavy job: all cores by default (one job at a time: undisturbed timings)
+JOB_THREADS = min(config["threads_per_job"] or workflow.cores, workflow.cores)
+
+
+STUDY = config["study"]["enabled"]
+if STUDY:  # the recipe study's drafters (Tables 1, 2; Figures 4, 7) join the configured variants
+    for _name, _variant in dcfg.study_drafters(config).items():
+        config["drafters"].setdefault(_name, _variant)
 
 
 def _drafters_in_use():
@@ -25,7 +34,9 @@ def _drafters_in_use():
     return list(dict.fromkeys(names))
 
 
-DRAFTER_IDS = {n: dcfg.drafter_id(config, n, NUM_TARGET_LAYERS) for n in _drafters_in_use()}
+MAIN_DRAFTERS = _drafters_in_use()
+STUDY_DRAFTERS = list(dcfg.study_drafters(config)) if STUDY else []
+DRAFTER_IDS = {n: dcfg.drafter_id(config, n, NUM_TARGET_LAYERS) for n in MAIN_DRAFTERS + STUDY_DRAFTERS}
 DRAFTER_STAGES = {DRAFTER_IDS[n]: dcfg.drafter_stage(config, n, NUM_TARGET_LAYERS) for n in DRAFTER_IDS}
 # One feature cache for every drafter: the union of their taps (one target forward writes all layers at once).
 # Its path depends on the responses and the storage dtype only; the layer set is a parameter, so adding a drafter
@@ -56,6 +67,9 @@ TEMPS = [f"{t:g}" for t in config["temperatures"]]
 REPEATS = list(range(config["repeats"]))
 BENCHES = config["benchmarks"]["names"]
 METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in _method_specs())]
+STUDY_STAGE = dcfg.study_stage(config, DRAFTER_IDS) if STUDY else None
+STUDY_ID = f"{config['target']['name']}-{dcfg.short_hash(STUDY_STAGE)}" if STUDY else None
+STUDY_METHOD_KEYS = ["ar", *(dcfg.method_key(m, m["drafter_id"]) for m in STUDY_STAGE["methods"])] if STUDY else []
 
 
 def stage_json(obj):
@@ -87,14 +101,33 @@ def bench_records():
     )
 
 
+def study_records_input(wildcards):
+    if not STUDY:
+        raise ValueError("Tables 1, 2 and Figures 4, 7 come from the recipe study: set `study: {enabled: true}`")
+    return study_records()
+
+
+def study_records():
+    return expand(
+        "results/study/{sid}/{benchmark}/t0/r0/{method}.jsonl",
+        sid=STUDY_ID,
+        benchmark=config["study"]["benchmarks"],
+        method=STUDY_METHOD_KEYS,
+    )
+
+
 def final_outputs():
-    return [
+    out = [
         "results/tables/table3.md",
         "results/tables/table3.csv",
         "results/tables/table3.tex",
         "results/figures/fig2.png",
         "results/figures/fig2.pdf",
     ]
+    if STUDY:
+        out += [f"results/tables/{t}.{ext}" for t in ("table1", "table2") for ext in ("md", "csv", "tex")]
+        out += [f"results/figures/{f}.{ext}" for f in ("fig4", "fig7") for ext in ("png", "pdf")]
+    return out
 
 
 # ----------------------------------------------------------------------------- rule parameters
@@ -138,7 +171,11 @@ def drafter_stage_json(wildcards):
 
 
 def drafter_inputs(wildcards):
-    return {n: f"{drafter_dir(n)}/training_summary.json" for n in DRAFTER_IDS}
+    return {n: f"{drafter_dir(n)}/training_summary.json" for n in MAIN_DRAFTERS}
+
+
+def study_drafter_inputs(wildcards):
+    return {n: f"{drafter_dir(n)}/training_summary.json" for n in STUDY_DRAFTERS}
 
 
 def bench_out_dir(wildcards):
@@ -146,7 +183,27 @@ def bench_out_dir(wildcards):
 
 
 def drafter_args(wildcards, input):
-    return " ".join(f"--drafter {n}={Path(input[n]).parent}" for n in DRAFTER_IDS)
+    return " ".join(f"--drafter {n}={Path(input[n]).parent}" for n in MAIN_DRAFTERS)
+
+
+def study_drafter_args(wildcards, input):
+    return " ".join(f"--drafter {n}={Path(input[n]).parent}" for n in STUDY_DRAFTERS)
+
+
+def study_table_stage_json():
+    s = config["study"]
+    recipes = {m["drafter_id"]: m["recipe"] for m in STUDY_STAGE["methods"]} if STUDY else {}
+    return stage_json(
+        {
+            "target": config["target"]["name"],
+            "recipes": recipes,
+            "shape": f"d={s['num_layers']}, t={s['num_taps'] or s['num_layers']}",
+            "max_steps": s["max_steps"],
+            "benchmarks": s["benchmarks"],
+            "num_prompts": s["num_prompts"],
+            "max_new_tokens": s["max_new_tokens"],
+        }
+    )
 
 
 def table_stage_json():

@@ -34,7 +34,7 @@ rule generate_responses:
         stage=stage_json(dcfg.responses_stage(config)),
         code=code("responses"),
         data_root=DATA_ROOT,
-    threads: workflow.cores
+    threads: JOB_THREADS
     resources:
         gpu=GPUS,
     log:

@@ -15,7 +15,7 @@ rule target_features:
         responses_stage=stage_json(config["responses"]),
         code=code("features"),
         batch_size=config["features"]["batch_size"],
-    threads: workflow.cores
+    threads: JOB_THREADS
     resources:
         gpu=min(GPUS, 1),
     log:
@@ -48,7 +48,7 @@ rule train_drafter:
         responses=responses_arg,
         launcher=launcher,
         code=code("train"),
-    threads: workflow.cores
+    threads: JOB_THREADS
     resources:
         gpu=GPUS,
     log:

@@ -185,6 +185,12 @@ def cmd_table3(a):
     write_table3(a.records, a.out_prefix, json.loads(a.stage))
 
 
+def cmd_study(a):
+    from dscout.analysis.study import WRITERS
+
+    WRITERS[a.which](a.records, a.out_prefix, json.loads(a.stage))
+
+
 def cmd_fig2(a):
     from dscout.analysis.figures import write_fig2
 
@@ -235,6 +241,10 @@ def main(argv=None):
     p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--out-prefix", required=True)
     p = add("fig2", cmd_fig2, "Figure 2 from raw records")
+    p.add_argument("--records", nargs="+", required=True)
+    p.add_argument("--out-prefix", required=True)
+    p = add("study", cmd_study, "Tables 1, 2 / Figures 4, 7 from the recipe study's records")
+    p.add_argument("--which", choices=["table1", "table2", "fig4", "fig7"], required=True)
     p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--out-prefix", required=True)
     a = ap.parse_args(argv)

@@ -253,3 +253,47 @@ def _git_hash() -> str | None:
                               timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+# ------------------------------------------------------------------------------------------ recipe study
+STUDY_PLAN: dict[str, list[int]] = {
+    # training recipe -> inference block sizes it is decoded at (never above its largest training horizon)
+    "dflash": [8, 16],                  # fixed 16 with decay: the DFlash recipe (Figure 4 start; Table 2 "fixed 16")
+    "fixed8": [8],                      # Table 2
+    "step1_fixed32": [8, 16, 24, 32],   # Figure 4 step 1; Table 2 "fixed 32"
+    "step2_mixed": [8, 16, 24, 32],     # Figure 4 step 2; Table 2 "mixed"; Table 1 {8,16,24,32} without unmasking
+    "step3_unmask": [16, 32],           # Figure 4 step 3; Table 1 {8,16,24,32} with unmasking
+    "step4_awl": [16],                  # Figure 4 step 4 (= the dscout recipe)
+    "mixed_short": [32],                # Table 1 {4,8,16,32} without unmasking
+    "mixed_short_unmask": [32],         # Table 1 {4,8,16,32} with unmasking
+}
+"""The recipe study of Tables 1, 2 and Figures 4, 7 (dscout.md §2): which recipe is decoded at which bs."""
+
+
+def study_drafters(cfg: dict) -> dict[str, dict]:
+    """Drafter variants of the recipe study (``study_<recipe>``), all of the study's shape and step count."""
+    s = cfg["study"]
+    return {f"study_{r}": {"recipe": r, "num_layers": s["num_layers"], "num_taps": s["num_taps"],
+                           "training": {"max_steps": s["max_steps"]}} for r in STUDY_PLAN}
+
+
+def study_methods(cfg: dict, drafter_ids: dict[str, str]) -> list[dict]:
+    """Method rows of the study: one per (recipe, bs) of :data:`STUDY_PLAN`, with drafter ids and recipes."""
+    rows = []
+    for r, sizes in STUDY_PLAN.items():
+        for bs in sizes:
+            rows.append({"name": f"{r}@{bs}", "kind": "dflash" if r == "dflash" else "dscout",
+                         "drafter": f"study_{r}", "drafter_id": drafter_ids[f"study_{r}"], "block_size": bs,
+                         "recipe": r})
+    return rows
+
+
+def study_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
+    """What the study's records depend on (a bench stage with the study's prompts and methods)."""
+    s, b, t = cfg["study"], cfg["benchmarks"], cfg["target"]
+    return {"target": target_id(cfg),
+            "benchmarks": {"num_prompts": s["num_prompts"], "max_new_tokens": s["max_new_tokens"],
+                           "seed": b["seed"], "cpu_packed_linear": b["cpu_packed_linear"], "score": False},
+            "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
+                     "stop_tokens": t.get("stop_tokens")},
+            "methods": study_methods(cfg, drafter_ids), "near_tie_epsilon": cfg["near_tie_epsilon"]}
