@@ -19,6 +19,7 @@ include: "rules/train.smk"
 include: "rules/bench.smk"
 include: "rules/paper.smk"
 include: "rules/study.smk"
+include: "rules/depth.smk"
 
 
 rule all:

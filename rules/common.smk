@@ -42,7 +42,12 @@ DRAFTER_STAGES = {DRAFTER_IDS[n]: dcfg.drafter_stage(config, n, NUM_TARGET_LAYER
 # Its path depends on the responses and the storage dtype only; the layer set is a parameter, so adding a drafter
 # that taps new layers rewrites the cache in place. Drafters read it through ancient(): the rewritten cache holds
 # the same values for the layers an existing drafter uses, so that drafter is not retrained.
-FEATURE_LAYERS = sorted({l for st in DRAFTER_STAGES.values() for l in st["layer_ids"]})
+DEPTH = config["depth_search"]["enabled"]
+DEPTH_STAGE = dcfg.depth_search_stage(config, NUM_TARGET_LAYERS) if DEPTH else None
+DEPTH_ID = f"{config['target']['name']}-{dcfg.short_hash(DEPTH_STAGE)}" if DEPTH else None
+FEATURE_LAYERS = sorted(
+    {l for st in DRAFTER_STAGES.values() for l in st["layer_ids"]} | set(DEPTH_STAGE["layer_ids"] if DEPTH else [])
+)
 FEATURE_ID = config["features"]["store_dtype"]
 FEATURE_STAGES = {FEATURE_ID: dcfg.features_stage(config, FEATURE_LAYERS)}
 
@@ -101,6 +106,12 @@ def bench_records():
     )
 
 
+def depth_search_output(wildcards):
+    if not DEPTH:
+        raise ValueError("Figure 5 comes from the drafter-depth search: set `depth_search: {enabled: true}`")
+    return f"results/depth/{DEPTH_ID}/search.json"
+
+
 def study_records_input(wildcards):
     if not STUDY:
         raise ValueError("Tables 1, 2 and Figures 4, 7 come from the recipe study: set `study: {enabled: true}`")
@@ -124,6 +135,8 @@ def final_outputs():
         "results/figures/fig2.png",
         "results/figures/fig2.pdf",
     ]
+    if DEPTH:
+        out += ["results/figures/fig5.png", "results/figures/fig5.pdf"]
     if STUDY:
         out += [f"results/tables/{t}.{ext}" for t in ("table1", "table2") for ext in ("md", "csv", "tex")]
         out += [f"results/figures/{f}.{ext}" for f in ("fig4", "fig7") for ext in ("png", "pdf")]

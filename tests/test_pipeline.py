@@ -208,6 +208,16 @@ def test_smoke_dag_renders_the_recipe_study(smoke_run):
 
 
 @pytest.mark.slow
+def test_smoke_dag_runs_the_depth_search(smoke_run):
+    work, _ = smoke_run
+    search = json.loads(next((work / "results/depth").glob("*/search.json")).read_text())
+    assert search["exhaustive"] == 3 and 1 <= search["trained"] <= 3
+    assert search["peak_depth"] in {p["depth"] for p in search["points"]}
+    assert all(p["tau"] >= 1 and p["throughput"] > 0 for p in search["points"])
+    assert (work / "results/figures/fig5.png").stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_second_run_schedules_nothing_and_changes_rerun_only_their_stage(smoke_run):
     work, _ = smoke_run
     r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)

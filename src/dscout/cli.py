@@ -185,6 +185,33 @@ def cmd_table3(a):
     write_table3(a.records, a.out_prefix, json.loads(a.stage))
 
 
+def cmd_depth_search(a):
+    from dscout.config import write_resolved
+    from dscout.data.benchmarks import load_benchmark
+    from dscout.data.paths import data_root
+    from dscout.data.prompts import chat_prompt_ids
+    from dscout.experiments.depth_search import run_depth_search
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    target = load_target(a.target)
+    chat = st["chat"]
+    prompts = []
+    for name in st["benchmarks"]:
+        for item in load_benchmark(name, data_root(a.data_root), st["num_prompts"], seed=st["seed"]):
+            prompts.append(chat_prompt_ids(target.tokenizer, [{"role": "user", "content": item.turns[0]}],
+                                           chat.get("system_prompt"), chat.get("enable_thinking")))
+    stops = stop_token_ids(target, chat.get("stop_tokens") or [])
+    run_depth_search(target, a.features, st, prompts, stops, Path(a.out).parent)
+    write_resolved(Path(a.out).parent / "config.resolved.json", st)
+
+
+def cmd_fig5(a):
+    from dscout.analysis.depth import write_fig5
+
+    write_fig5(a.search, a.out_prefix, json.loads(a.stage))
+
+
 def cmd_study(a):
     from dscout.analysis.study import WRITERS
 
@@ -242,6 +269,14 @@ def main(argv=None):
     p.add_argument("--out-prefix", required=True)
     p = add("fig2", cmd_fig2, "Figure 2 from raw records")
     p.add_argument("--records", nargs="+", required=True)
+    p.add_argument("--out-prefix", required=True)
+    p = add("depth-search", cmd_depth_search, "Figure 5's drafter-depth search (trains candidates lazily)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--features", required=True)
+    p.add_argument("--out", required=True, help="the search.json to write (candidates go beside it)")
+    p.add_argument("--data-root", default=None)
+    p = add("fig5", cmd_fig5, "Figure 5 from the depth search's search.json")
+    p.add_argument("--search", required=True)
     p.add_argument("--out-prefix", required=True)
     p = add("study", cmd_study, "Tables 1, 2 / Figures 4, 7 from the recipe study's records")
     p.add_argument("--which", choices=["table1", "table2", "fig4", "fig7"], required=True)

@@ -28,6 +28,7 @@ STAGE_CODE = {
     "train": ["models", "training", "data/responses.py"],
     "bench": ["models", "decoding", "bench", "data"],
     "analysis": ["analysis"],
+    "depth": ["models", "training", "decoding", "experiments", "data"],
 }
 """Source files (relative to ``src/dscout``) each stage runs; their digest is a rerun trigger."""
 
@@ -297,3 +298,19 @@ def study_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
             "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
                      "stop_tokens": t.get("stop_tokens")},
             "methods": study_methods(cfg, drafter_ids), "near_tie_epsilon": cfg["near_tie_epsilon"]}
+
+
+def depth_search_stage(cfg: dict, num_target_layers: int) -> dict:
+    """What the drafter-depth search (Figure 5) depends on: responses, recipe, candidates, taps, decoding."""
+    from .models.target import default_target_layer_ids
+
+    s, b, t = cfg["depth_search"], cfg["benchmarks"], cfg["target"]
+    train = deep_merge(cfg["training"], {"max_steps": s["max_steps"]})
+    return {"responses": responses_id(cfg), "recipe": s["recipe"], "candidates": sorted(s["candidates"]),
+            "layer_ids": default_target_layer_ids(num_target_layers, s["num_taps"]),
+            "mask_token_id": t["mask_token_id"], "max_steps": s["max_steps"], "training": train,
+            "block_size": s["block_size"], "benchmarks": s["benchmarks"], "num_prompts": s["num_prompts"],
+            "max_new_tokens": s["max_new_tokens"], "seed": b["seed"], "cpu_packed_linear": b["cpu_packed_linear"],
+            "features": {k: cfg["features"][k] for k in ("mode", "store_dtype")},
+            "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
+                     "stop_tokens": t.get("stop_tokens")}}

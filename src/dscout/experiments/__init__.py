@@ -1,0 +1,1 @@
+"""Experiment logic built on the library: configuration searches (drafter depth)."""
