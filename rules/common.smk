@@ -136,7 +136,7 @@ def final_outputs():
         "results/figures/fig2.pdf",
     ]
     if DEPTH:
-        out += ["results/figures/fig5.png", "results/figures/fig5.pdf"]
+        out += [f"results/figures/{f}.{e}" for f in ("fig3", "fig5") for e in ("png", "pdf")]
     if STUDY:
         out += [f"results/tables/{t}.{ext}" for t in ("table1", "table2") for ext in ("md", "csv", "tex")]
         out += [f"results/figures/{f}.{ext}" for f in ("fig4", "fig7") for ext in ("png", "pdf")]

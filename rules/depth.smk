@@ -55,3 +55,29 @@ rule fig5:
     shell:
         "python {params.cli} fig5 --stage {params.stage:q} --search {input} --out-prefix {params.prefix} "
         "> {log} 2>&1"
+
+
+rule fig3:
+    message:
+        "Figure 3 (G = τ / T per configuration dimension)"
+    input:
+        search=depth_search_output,
+        records=bench_records(),
+    output:
+        png=report("results/figures/fig3.png", caption="../report/fig3.rst", category="Figures"),
+        pdf="results/figures/fig3.pdf",
+    params:
+        cli=CLI,
+        stage=stage_json({"target": config["target"]["name"]}),
+        prefix=lambda w, output: os.path.splitext(output[0])[0],
+        code=code("analysis"),
+    log:
+        "results/logs/fig3.log",
+    benchmark:
+        "results/benchmarks/fig3.tsv"
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    shell:
+        "python {params.cli} fig3 --stage {params.stage:q} --search {input.search} --records {input.records} "
+        "--out-prefix {params.prefix} > {log} 2>&1"

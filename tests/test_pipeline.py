@@ -215,6 +215,8 @@ def test_smoke_dag_runs_the_depth_search(smoke_run):
     assert search["peak_depth"] in {p["depth"] for p in search["points"]}
     assert all(p["tau"] >= 1 and p["throughput"] > 0 for p in search["points"])
     assert (work / "results/figures/fig5.png").stat().st_size > 0
+    assert set(search["taps_sweep"]) == {"2", "3"}  # configured taps vs all usable layers of the 4-layer target
+    assert (work / "results/figures/fig3.png").stat().st_size > 0
 
 
 @pytest.mark.slow

@@ -212,6 +212,12 @@ def cmd_fig5(a):
     write_fig5(a.search, a.out_prefix, json.loads(a.stage))
 
 
+def cmd_fig3(a):
+    from dscout.analysis.fig3 import write_fig3
+
+    write_fig3(a.search, a.records, a.out_prefix, json.loads(a.stage))
+
+
 def cmd_study(a):
     from dscout.analysis.study import WRITERS
 
@@ -277,6 +283,10 @@ def main(argv=None):
     p.add_argument("--data-root", default=None)
     p = add("fig5", cmd_fig5, "Figure 5 from the depth search's search.json")
     p.add_argument("--search", required=True)
+    p.add_argument("--out-prefix", required=True)
+    p = add("fig3", cmd_fig3, "Figure 3 (G = τ / T per dimension) from the depth search and the main records")
+    p.add_argument("--search", required=True)
+    p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--out-prefix", required=True)
     p = add("study", cmd_study, "Tables 1, 2 / Figures 4, 7 from the recipe study's records")
     p.add_argument("--which", choices=["table1", "table2", "fig4", "fig7"], required=True)

@@ -83,6 +83,31 @@ def fit_latency(depths: list[int], seconds: list[float]) -> tuple[float, float]:
     return mt - slope * md, slope
 
 
+def round_flops(target, drafter_config, block_size: int, tau: float = 1.0) -> dict[str, float]:
+    """Multiply-add FLOPs (2 per MAC) of one draft round, from parameter counts (attention over the context
+    ignored; it is the same for every configuration compared here).
+
+    Target verify: ``2 · P_target · bs`` (embedding excluded, LM head included). Drafter: its layers over the
+    ``bs`` block positions, the LM head over the ``bs - 1`` drafts, and the fusion ``fc`` (t·D_target -> D) over
+    the ``tau`` newly committed context tokens.
+
+    Returns:
+        ``{"target": ..., "drafter": ..., "fc": ...}`` FLOPs.
+    """
+    cfg = target.config
+    emb = cfg.vocab_size * cfg.hidden_size
+    p_target = sum(p.numel() for p in target.model.parameters()) - emb
+    if getattr(cfg, "tie_word_embeddings", False):
+        p_target += emb  # the tied head still runs
+    dc = drafter_config
+    per_layer = (dc.hidden_size * dc.head_dim * (dc.num_attention_heads * 2 + dc.num_key_value_heads * 2)
+                 + 3 * dc.hidden_size * dc.intermediate_size)
+    fc = len(dc.target_layer_ids) * dc.target_hidden_size * dc.hidden_size
+    return {"target": 2.0 * p_target * block_size,
+            "drafter": 2.0 * (per_layer * dc.num_hidden_layers * block_size + emb * (block_size - 1)),
+            "fc": 2.0 * fc * tau}
+
+
 def measure(target, drafter, prompts: list[list[int]], block_size: int, max_new_tokens: int,
             stop_ids: list[int]) -> dict:
     """Greedy-decode ``prompts`` with ``drafter`` at ``block_size``; τ, per-round seconds and throughput."""
@@ -144,6 +169,22 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
                     "verify_seconds": m["verify_seconds"]}
     t_fix, t_layer = fit_latency(list(sweep), [v["round_seconds"] for v in sweep.values()])
 
+    # conditioning depth t: the configured taps vs all usable layers, same drafter depth (Figure 3, left)
+    from ..models.target import default_target_layer_ids
+
+    d_ref = sorted(stage["candidates"])[0]
+    taps_sweep = {}
+    for t_ids in (stage["layer_ids"], default_target_layer_ids(target.num_layers, target.num_layers - 1)):
+        torch.manual_seed(0)
+        cfg = DFlashDrafterConfig.from_target(target.config, num_hidden_layers=d_ref, target_layer_ids=t_ids,
+                                              mask_token_id=stage["mask_token_id"], block_size=bs)
+        rnd = DFlashDrafter(cfg).to(target.dtype).attach_target(target).eval()
+        if stage.get("cpu_packed_linear"):
+            pack_linears(rnd)
+        m = measure(target, rnd, prompts[:1], bs, stage["max_new_tokens"], stop_ids)
+        taps_sweep[len(t_ids)] = {"round_seconds": m["round_seconds"], "draft_seconds": m["draft_seconds"],
+                                  "flops_per_round": round_flops(target, cfg, bs, tau=1.0)}
+
     points: dict[int, DepthPoint] = {}
 
     def evaluate(d: int) -> float:
@@ -169,6 +210,7 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
     result = {"peak_depth": peak, "trained": len(points), "exhaustive": len(sweep),
               "points": [asdict(p) for p in points.values()], "latency_sweep": sweep,
               "latency_fit": {"t_fix_s": t_fix, "t_layer_s": t_layer}, "block_size": bs,
+              "taps_sweep": taps_sweep, "taps_sweep_depth": d_ref,
               "recipe": stage["recipe"], "layer_ids": stage["layer_ids"]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "search.json").write_text(json.dumps(result, indent=1))
