@@ -20,6 +20,7 @@ include: "rules/bench.smk"
 include: "rules/paper.smk"
 include: "rules/study.smk"
 include: "rules/depth.smk"
+include: "rules/serving.smk"
 
 
 rule all:

@@ -36,7 +36,12 @@ def _drafters_in_use():
 
 MAIN_DRAFTERS = _drafters_in_use()
 STUDY_DRAFTERS = list(dcfg.study_drafters(config)) if STUDY else []
-DRAFTER_IDS = {n: dcfg.drafter_id(config, n, NUM_TARGET_LAYERS) for n in MAIN_DRAFTERS + STUDY_DRAFTERS}
+SERVING = config["serving"]["enabled"]
+SERVING_DRAFTERS = [config["serving"]["dflash_drafter"], config["serving"]["dscout_drafter"]] if SERVING else []
+DRAFTER_IDS = {
+    n: dcfg.drafter_id(config, n, NUM_TARGET_LAYERS)
+    for n in dict.fromkeys(MAIN_DRAFTERS + STUDY_DRAFTERS + SERVING_DRAFTERS)
+}
 DRAFTER_STAGES = {DRAFTER_IDS[n]: dcfg.drafter_stage(config, n, NUM_TARGET_LAYERS) for n in DRAFTER_IDS}
 # One feature cache for every drafter: the union of their taps (one target forward writes all layers at once).
 # Its path depends on the responses and the storage dtype only; the layer set is a parameter, so adding a drafter
@@ -72,6 +77,8 @@ TEMPS = [f"{t:g}" for t in config["temperatures"]]
 REPEATS = list(range(config["repeats"]))
 BENCHES = config["benchmarks"]["names"]
 METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in _method_specs())]
+SERVING_STAGE = dcfg.serving_stage(config, DRAFTER_IDS) if SERVING else None
+SERVING_ID = f"{config['target']['name']}-{dcfg.short_hash(SERVING_STAGE)}" if SERVING else None
 STUDY_STAGE = dcfg.study_stage(config, DRAFTER_IDS) if STUDY else None
 STUDY_ID = f"{config['target']['name']}-{dcfg.short_hash(STUDY_STAGE)}" if STUDY else None
 STUDY_METHOD_KEYS = ["ar", *(dcfg.method_key(m, m["drafter_id"]) for m in STUDY_STAGE["methods"])] if STUDY else []
@@ -106,6 +113,18 @@ def bench_records():
     )
 
 
+def serving_records_input(wildcards):
+    if not SERVING:
+        raise ValueError("Table 4 comes from the serving benchmark: set `serving: {enabled: true}`")
+    return expand("results/serving/{sid}/c{c}.jsonl", sid=SERVING_ID, c=config["concurrency"])
+
+
+def serving_drafter_inputs(wildcards):
+    s = config["serving"]
+    names = {"dflash": s["dflash_drafter"], "dscout": s["dscout_drafter"]}
+    return {k: f"{drafter_dir(n)}/training_summary.json" for k, n in names.items()}
+
+
 def depth_search_output(wildcards):
     if not DEPTH:
         raise ValueError("Figure 5 comes from the drafter-depth search: set `depth_search: {enabled: true}`")
@@ -137,6 +156,8 @@ def final_outputs():
     ]
     if DEPTH:
         out += [f"results/figures/{f}.{e}" for f in ("fig3", "fig5") for e in ("png", "pdf")]
+    if SERVING:
+        out += [f"results/tables/table4.{ext}" for ext in ("md", "csv", "tex")]
     if STUDY:
         out += [f"results/tables/{t}.{ext}" for t in ("table1", "table2") for ext in ("md", "csv", "tex")]
         out += [f"results/figures/{f}.{ext}" for f in ("fig4", "fig7") for ext in ("png", "pdf")]

@@ -220,6 +220,16 @@ def test_smoke_dag_runs_the_depth_search(smoke_run):
 
 
 @pytest.mark.slow
+def test_smoke_dag_renders_table4_from_batched_serving(smoke_run):
+    work, _ = smoke_run
+    rows = (work / "results/tables/table4.csv").read_text().splitlines()
+    assert rows[0].startswith("concurrency") and [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
+    records = [json.loads(l) for f in (work / "results/serving").rglob("*.jsonl") for l in f.read_text().splitlines()]
+    ar = {(r["concurrency"], r["prompt_id"]): r["output_ids"] for r in records if r["method"] == "ar"}
+    assert all(r["output_ids"] == ar[(r["concurrency"], r["prompt_id"])] for r in records)
+
+
+@pytest.mark.slow
 def test_second_run_schedules_nothing_and_changes_rerun_only_their_stage(smoke_run):
     work, _ = smoke_run
     r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)

@@ -218,6 +218,52 @@ def cmd_fig3(a):
     write_fig3(a.search, a.records, a.out_prefix, json.loads(a.stage))
 
 
+def cmd_serve_cpu(a):
+    from dscout.batched.serving import serving_records, write_records
+    from dscout.config import write_resolved
+    from dscout.data.benchmarks import load_benchmark
+    from dscout.data.paths import data_root
+    from dscout.data.prompts import chat_prompt_ids
+    from dscout.decoding.proposers import BlockDiffusionProposer
+    from dscout.models.export import load_dflash_checkpoint
+    from dscout.models.linear import pack_linears
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    target = load_target(a.target)
+    chat = st["chat"]
+    lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"], seed=st["seed"]) for n in st["benchmarks"]]
+    pool = [item for group in zip(*lists) for item in group][: st["pool_size"]]  # round robin over benchmarks
+    prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": it.turns[0]}],
+                               chat.get("system_prompt"), chat.get("enable_thinking")) for it in pool]
+    ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
+    drafters = dict(kv.split("=", 1) for kv in a.drafter)
+    if st["cpu_packed_linear"]:
+        pack_linears(target.model, extra_weights=(target.lm_head.weight,))
+    loaded = {}
+    for name in ("dflash", "dscout"):
+        d = load_dflash_checkpoint(drafters[name], dtype=target.dtype).to(target.device).attach_target(target).eval()
+        if st["cpu_packed_linear"]:
+            pack_linears(d)
+        loaded[name] = d
+    factories = {"ar": ("ar", None, None),
+                 "dflash-bs16": ("dflash", st["dflash"], lambda: BlockDiffusionProposer(loaded["dflash"]))}
+    sizes = {"dflash-bs16": 16}
+    for bs in st["block_sizes"]:
+        factories[f"dscout-bs{bs}"] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
+        sizes[f"dscout-bs{bs}"] = bs
+    stops = stop_token_ids(target, chat.get("stop_tokens") or [])
+    records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops)
+    write_records(records, a.out)
+    write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
+
+
+def cmd_table4(a):
+    from dscout.analysis.table4 import write_table4
+
+    write_table4(a.records, a.out_prefix, json.loads(a.stage))
+
+
 def cmd_study(a):
     from dscout.analysis.study import WRITERS
 
@@ -286,6 +332,15 @@ def main(argv=None):
     p.add_argument("--out-prefix", required=True)
     p = add("fig3", cmd_fig3, "Figure 3 (G = τ / T per dimension) from the depth search and the main records")
     p.add_argument("--search", required=True)
+    p.add_argument("--records", nargs="+", required=True)
+    p.add_argument("--out-prefix", required=True)
+    p = add("serve-cpu", cmd_serve_cpu, "Table 4 records at one concurrency level (batched engine)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", action="append", required=True, help="dflash=DIR and dscout=DIR")
+    p.add_argument("--concurrency", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--data-root", default=None)
+    p = add("table4", cmd_table4, "Table 4 from the serving records")
     p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--out-prefix", required=True)
     p = add("study", cmd_study, "Tables 1, 2 / Figures 4, 7 from the recipe study's records")

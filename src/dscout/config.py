@@ -29,6 +29,7 @@ STAGE_CODE = {
     "bench": ["models", "decoding", "bench", "data"],
     "analysis": ["analysis"],
     "depth": ["models", "training", "decoding", "experiments", "data"],
+    "serving": ["models", "decoding", "batched", "data"],
 }
 """Source files (relative to ``src/dscout``) each stage runs; their digest is a rerun trigger."""
 
@@ -312,5 +313,16 @@ def depth_search_stage(cfg: dict, num_target_layers: int) -> dict:
             "block_size": s["block_size"], "benchmarks": s["benchmarks"], "num_prompts": s["num_prompts"],
             "max_new_tokens": s["max_new_tokens"], "seed": b["seed"], "cpu_packed_linear": b["cpu_packed_linear"],
             "features": {k: cfg["features"][k] for k in ("mode", "store_dtype")},
+            "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
+                     "stop_tokens": t.get("stop_tokens")}}
+
+
+def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
+    """What Table 4's records depend on: target, drafters, prompt pool, candidates and concurrency levels."""
+    s, b, t = cfg["serving"], cfg["benchmarks"], cfg["target"]
+    return {"target": target_id(cfg), "dflash": drafter_ids[s["dflash_drafter"]],
+            "dscout": drafter_ids[s["dscout_drafter"]], "block_sizes": sorted(s["block_sizes"]),
+            "benchmarks": s["benchmarks"], "pool_size": max(cfg["concurrency"]), "max_new_tokens": s["max_new_tokens"],
+            "seed": b["seed"], "cpu_packed_linear": b["cpu_packed_linear"],
             "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
                      "stop_tokens": t.get("stop_tokens")}}

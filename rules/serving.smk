@@ -1,0 +1,64 @@
+# Table 4 on the CPU (config `serving`): one job per concurrency level decodes the same c requests together with
+# the batched engine for AR, DFlash(16) and DScout at every candidate bs; Table 4 picks DScout(best) per c.
+# On the cluster the same records come from SGLang servers (dscout.bench.serving).
+
+
+rule serving_benchmark:
+    message:
+        "Serving at concurrency {wildcards.c} (batched engine)"
+    input:
+        unpack(serving_drafter_inputs),
+        target=f"{TARGET_DIR}/target.json",
+    output:
+        "results/serving/{sid}/c{c}.jsonl",
+    params:
+        cli=CLI,
+        stage=lambda w: stage_json(SERVING_STAGE),
+        code=code("serving"),
+        data_root=DATA_ROOT,
+    threads: JOB_THREADS
+    resources:
+        gpu=min(GPUS, 1),
+    log:
+        "results/logs/serving_benchmark/{sid}-c{c}.log",
+    benchmark:
+        "results/benchmarks/serving_benchmark/{sid}-c{c}.tsv"
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python {params.cli} serve-cpu --stage {params.stage:q} --target $(dirname {input.target}) "
+        "--drafter dflash=$(dirname {input.dflash}) --drafter dscout=$(dirname {input.dscout}) "
+        "--concurrency {wildcards.c} --out {output} --data-root {params.data_root:q} --threads {threads} "
+        "> {log} 2>&1"
+
+
+rule table4:
+    message:
+        "Table 4 (serving at concurrency c)"
+    input:
+        serving_records_input,
+    output:
+        md=report("results/tables/table4.md", caption="../report/table4.rst", category="Tables"),
+        csv="results/tables/table4.csv",
+        tex="results/tables/table4.tex",
+    params:
+        cli=CLI,
+        stage=stage_json(
+            {
+                "target": config["target"]["name"],
+                "benchmarks": config["serving"]["benchmarks"],
+                "max_new_tokens": config["serving"]["max_new_tokens"],
+            }
+        ),
+        prefix=lambda w, output: os.path.splitext(output[0])[0],
+        code=code("analysis"),
+    log:
+        "results/logs/table4.log",
+    benchmark:
+        "results/benchmarks/table4.tsv"
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    shell:
+        "python {params.cli} table4 --stage {params.stage:q} --records {input} --out-prefix {params.prefix} "
+        "> {log} 2>&1"

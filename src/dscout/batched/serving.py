@@ -1,0 +1,75 @@
+"""Table 4 on the CPU: serving at concurrency c with the batched engine, and DScout(best) selection by measured G.
+
+For each concurrency c the same c requests (the first c prompts of the serving pool) are decoded as one batch by
+every method: AR, DFlash at bs 16 and DScout at every candidate bs. One record per request, in the project's
+record schema with ``concurrency = c`` and the batch's wall time (``batch_decode_seconds``); throughput of a
+method at c = committed decode tokens of the batch / batch decode seconds. DScout(best) is the candidate bs with
+the highest measured throughput at that c (dscout.md §3: the best bs depends on task and concurrency).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from .engine import BatchedSpeculativeEngine
+
+
+def serving_records(target, proposer_factories: dict[str, tuple[str, str, object]], prompts: list[list[int]],
+                    prompt_ids: list[str], concurrency: int, max_new_tokens: int, block_sizes: dict[str, int],
+                    stop_ids: list[int], repeat: int = 0) -> list[dict]:
+    """Decode ``prompts[:concurrency]`` as one batch per method; one record per request.
+
+    Args:
+        proposer_factories: method key -> ``(kind, drafter id, factory)``; kind ``ar`` has factory None.
+        block_sizes: method key -> bs.
+    Raises:
+        ValueError: if fewer prompts than ``concurrency`` are given.
+    """
+    if len(prompts) < concurrency:
+        raise ValueError(f"concurrency {concurrency} needs {concurrency} prompts, the serving pool has {len(prompts)}")
+    batch_prompts = prompts[:concurrency]
+    records = []
+    for key, (kind, drafter, factory) in proposer_factories.items():
+        engine = BatchedSpeculativeEngine(target, factory, stop_ids)
+        bs = block_sizes.get(key, 1)
+        engine.generate([batch_prompts[0][:8]], 2, block_size=bs)  # warm-up
+        out = engine.generate(batch_prompts, max_new_tokens, block_size=bs)
+        for pid, r in zip(prompt_ids, out.results):
+            records.append({
+                "benchmark": "serving", "prompt_id": pid, "turn": 0, "method": kind, "method_key": key,
+                "method_name": key, "drafter": drafter, "block_size": None if kind == "ar" else bs,
+                "temperature": 0.0, "repeat": repeat, "concurrency": concurrency, "new_tokens": r.new_tokens,
+                "decode_seconds": out.decode_seconds, "batch_decode_seconds": out.decode_seconds,
+                "batch_throughput": out.throughput, "accept_lengths": r.accept_lengths, "output_ids": r.output_ids,
+                "stop_reason": r.stop_reason})
+    return records
+
+
+def throughput_table(records: list[dict]) -> dict[int, dict[str, dict]]:
+    """``c -> method key -> {throughput, mat, speedup, block_size, kind}``; speedup vs AR at the same c."""
+    by = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        by[r["concurrency"]][r["method_key"]].append(r)
+    out = {}
+    for c, methods in sorted(by.items()):
+        row = {}
+        for key, rs in methods.items():
+            tokens = sum(r["new_tokens"] - 1 for r in rs)
+            seconds = rs[0]["batch_decode_seconds"]
+            rounds = [n for r in rs for n in r["accept_lengths"]]
+            row[key] = {"throughput": tokens / max(seconds, 1e-9), "mat": sum(rounds) / max(len(rounds), 1),
+                        "block_size": rs[0]["block_size"], "kind": rs[0]["method"]}
+        if "ar" not in row:
+            raise ValueError(f"no AR run at concurrency {c}")
+        for v in row.values():
+            v["speedup"] = v["throughput"] / row["ar"]["throughput"]
+        out[c] = row
+    return out
+
+
+def write_records(records: list[dict], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
