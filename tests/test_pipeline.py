@@ -124,16 +124,21 @@ def test_lint_is_clean():
 def test_paper_preset_dry_runs():
     r = snakemake("-n", "--configfile", "presets/paper.yaml")
     jobs = _jobs(r.stdout)
-    # DFlash + DScout trained; EAGLE-3 and PARD-2 imported from their public checkpoints by the same rule
-    assert jobs["train_drafter"] == 4 and jobs["benchmark"] == 6 * 2  # six benchmarks x T in {0, 1}, 5 repeats each
+    # DFlash + DScout trained, EAGLE-3 and PARD-2 imported from their public checkpoints by the same rule,
+    # plus one drafter per recipe of the study (Tables 1, 2; Figures 4, 7)
+    assert jobs["train_drafter"] == 4 + 8 and jobs["benchmark"] == 6 * 2  # six benchmarks x T in {0, 1}
     assert jobs["generate_responses"] == 1 and jobs["table3"] == 1
+    for table_or_figure in ("fig2", "fig3", "fig5", "table4", "study_table1", "study_table2", "study_fig4",
+                            "study_fig7"):  # every table and figure of the paper
+        assert jobs[table_or_figure] == 1, table_or_figure
+    assert jobs["serving_benchmark"] == 4 and jobs["study_benchmark"] == 6 and jobs["depth_search"] == 1
 
 
 def test_paper_preset_dry_runs_with_slurm_profile():
     """The cluster command line, minus conda (not installable here; env-modules is a no-op stand-in)."""
     r = snakemake("-n", "--configfile", "presets/paper.yaml", "--profile", "profiles/slurm", "--sdm", "env-modules")
     jobs = _jobs(r.stdout)
-    assert jobs["train_drafter"] == 4 and jobs["benchmark"] == 12 and jobs["all"] == 1
+    assert jobs["train_drafter"] == 12 and jobs["benchmark"] == 12 and jobs["table4"] == 1 and jobs["all"] == 1
 
 
 def test_imported_drafters_need_no_responses():
@@ -160,6 +165,24 @@ def smoke_run(tmp_path_factory):
             shutil.copy(src, work / name)
     r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900)
     return work, r
+
+
+@pytest.fixture(scope="module")
+def smoke_artifacts_run(smoke_run):
+    """The remaining artifacts (Tables 1, 2, 4; Figures 3, 4, 5, 7) on top of the finished smoke run."""
+    work, _ = smoke_run
+    r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", "presets/smoke_artifacts.yaml", cwd=work,
+                  timeout=900)
+    jobs = _jobs(r.stdout + r.stderr)
+    return work, jobs
+
+
+@pytest.mark.slow
+def test_smoke_artifacts_reuse_the_smoke_run(smoke_artifacts_run):
+    _, jobs = smoke_artifacts_run
+    # nothing of the main DAG reruns: only the study drafters, the study/serving/depth jobs and their artifacts
+    assert not {"generate_responses", "target_features", "benchmark", "table3", "fig2"} & set(jobs)
+    assert jobs.get("train_drafter") == 8
 
 
 @pytest.mark.slow
@@ -191,9 +214,9 @@ def test_smoke_dag_produces_table3_from_records(smoke_run):
 
 
 @pytest.mark.slow
-def test_smoke_dag_renders_the_recipe_study(smoke_run):
+def test_smoke_dag_renders_the_recipe_study(smoke_artifacts_run):
     """Tables 1, 2 and Figures 4, 7 from the study's own records: one drafter per recipe, lossless decoding."""
-    work, _ = smoke_run
+    work, _ = smoke_artifacts_run
     for name in ("table1", "table2"):
         assert "Measured on tiny-random" in (work / f"results/tables/{name}.md").read_text()
         assert (work / f"results/tables/{name}.csv").exists() and (work / f"results/tables/{name}.tex").exists()
@@ -208,8 +231,8 @@ def test_smoke_dag_renders_the_recipe_study(smoke_run):
 
 
 @pytest.mark.slow
-def test_smoke_dag_runs_the_depth_search(smoke_run):
-    work, _ = smoke_run
+def test_smoke_dag_runs_the_depth_search(smoke_artifacts_run):
+    work, _ = smoke_artifacts_run
     search = json.loads(next((work / "results/depth").glob("*/search.json")).read_text())
     assert search["exhaustive"] == 3 and 1 <= search["trained"] <= 3
     assert search["peak_depth"] in {p["depth"] for p in search["points"]}
@@ -220,8 +243,8 @@ def test_smoke_dag_runs_the_depth_search(smoke_run):
 
 
 @pytest.mark.slow
-def test_smoke_dag_renders_table4_from_batched_serving(smoke_run):
-    work, _ = smoke_run
+def test_smoke_dag_renders_table4_from_batched_serving(smoke_artifacts_run):
+    work, _ = smoke_artifacts_run
     rows = (work / "results/tables/table4.csv").read_text().splitlines()
     assert rows[0].startswith("concurrency") and [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
     records = [json.loads(l) for f in (work / "results/serving").rglob("*.jsonl") for l in f.read_text().splitlines()]
