@@ -1,6 +1,9 @@
-# Table 4 on the CPU (config `serving`): one job per concurrency level decodes the same c requests together with
-# the batched engine for AR, DFlash(16) and DScout at every candidate bs; Table 4 picks DScout(best) per c.
-# On the cluster the same records come from SGLang servers (dscout.bench.serving).
+# Table 4 (config `serving`): one job per concurrency level. backend batched (CPU default): the same c requests
+# decoded together by the batched engine for AR, DFlash(16) and DScout at every candidate bs. backend sglang
+# (cluster): one SGLang server per method on loopback, closed-loop client at concurrency c (dscout.bench.serving).
+# Either way the records share one schema and Table 4 picks DScout(best) per c from the measured throughput.
+
+SERVING_ENV = "../envs/serve.yaml" if config["serving"]["backend"] == "sglang" else "../envs/train.yaml"
 
 
 rule serving_benchmark:
@@ -24,7 +27,7 @@ rule serving_benchmark:
     benchmark:
         "results/benchmarks/serving_benchmark/{sid}-c{c}.tsv"
     conda:
-        "../envs/train.yaml"
+        SERVING_ENV
     shell:
         "python {params.cli} serve-cpu --stage {params.stage:q} --target $(dirname {input.target}) "
         "--drafter dflash=$(dirname {input.dflash}) --drafter dscout=$(dirname {input.dscout}) "

@@ -230,7 +230,14 @@ def cmd_serve_cpu(a):
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
-    target = load_target(a.target)
+    if st.get("backend") == "sglang":  # the servers own the GPU: the client needs the tokenizer only
+        from types import SimpleNamespace
+
+        from transformers import AutoTokenizer
+
+        target = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(st["target_source"]))
+    else:
+        target = load_target(a.target)
     chat = st["chat"]
     lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"], seed=st["seed"]) for n in st["benchmarks"]]
     pool = [item for group in zip(*lists) for item in group][: st["pool_size"]]  # round robin over benchmarks
@@ -238,6 +245,29 @@ def cmd_serve_cpu(a):
                                chat.get("system_prompt"), chat.get("enable_thinking")) for it in pool]
     ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
     drafters = dict(kv.split("=", 1) for kv in a.drafter)
+    stops = stop_token_ids(target, chat.get("stop_tokens") or [])
+    if st.get("backend") == "sglang":  # one server per method, closed loop at concurrency c (GPU cluster)
+        from dscout.bench.serving import serve_benchmark
+
+        reqs = [{"benchmark": it.benchmark, "prompt_id": pid, "turn": 0, "input_ids": p}
+                for it, pid, p in zip(pool, ids, prompts)]
+        methods = [("ar", {"kind": "ar"}, None), ("dflash-bs16", {"kind": "dflash", "block_size": 16},
+                                                   drafters["dflash"])]
+        methods += [(f"dscout-bs{bs}", {"kind": "dscout", "block_size": bs}, drafters["dscout"])
+                    for bs in st["block_sizes"]]
+        records = []
+        for key, method, ddir in methods:
+            recs, summary = serve_benchmark(st["target_source"], {**method, "key": key}, reqs,
+                                            concurrency=a.concurrency, temperature=0.0,
+                                            max_new_tokens=st["max_new_tokens"], repeat=0, drafter_dir=ddir,
+                                            log_path=Path(a.out).with_suffix(f".{key}.server.log"))
+            for r in recs:  # Table 4 reads throughput = tokens / wall of the whole closed loop
+                r.update(method_key=key, method_name=key, batch_decode_seconds=summary["wall_seconds"],
+                         drafter=(st["dscout"] if method["kind"] == "dscout" else st["dflash"]) if ddir else None)
+            records += recs
+        write_records(records, a.out)
+        write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
+        return
     if st["cpu_packed_linear"]:
         pack_linears(target.model, extra_weights=(target.lm_head.weight,))
     loaded = {}
@@ -252,7 +282,6 @@ def cmd_serve_cpu(a):
     for bs in st["block_sizes"]:
         factories[f"dscout-bs{bs}"] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
         sizes[f"dscout-bs{bs}"] = bs
-    stops = stop_token_ids(target, chat.get("stop_tokens") or [])
     records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops)
     write_records(records, a.out)
     write_resolved(Path(a.out).with_suffix(".resolved.json"), st)

@@ -320,7 +320,8 @@ def depth_search_stage(cfg: dict, num_target_layers: int) -> dict:
 def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     """What Table 4's records depend on: target, drafters, prompt pool, candidates and concurrency levels."""
     s, b, t = cfg["serving"], cfg["benchmarks"], cfg["target"]
-    return {"target": target_id(cfg), "dflash": drafter_ids[s["dflash_drafter"]],
+    return {"target": target_id(cfg), "target_source": t["source"], "backend": s["backend"],
+            "dflash": drafter_ids[s["dflash_drafter"]],
             "dscout": drafter_ids[s["dscout_drafter"]], "block_sizes": sorted(s["block_sizes"]),
             "benchmarks": s["benchmarks"], "pool_size": max(cfg["concurrency"]), "max_new_tokens": s["max_new_tokens"],
             "seed": b["seed"], "cpu_packed_linear": b["cpu_packed_linear"],
