@@ -58,8 +58,8 @@ rule train_drafter:
     conda:
         "../envs/train.yaml"
     shell:
-        # checkpoints live outside the declared output (results/work/), so a failed job keeps them and resumes
+        # checkpoints live outside the declared output (results/checkpoints/), so a failed job keeps them and resumes
         "{params.launcher} {params.cli} train --stage {params.stage:q} --target $(dirname {input.target}) "
         "{params.responses} --responses-stage {params.responses_stage:q} {params.features} "
-        "--out $(dirname {output.summary}) --work results/work/drafters/{wildcards.did} "
+        "--out $(dirname {output.summary}) --work results/checkpoints/drafters/{wildcards.did} "
         "--threads {threads} > {log} 2>&1"

@@ -185,22 +185,27 @@ def cmd_table3(a):
     write_table3(a.records, a.out_prefix, json.loads(a.stage))
 
 
+def _first_turn_ids(tokenizer, items, chat: dict) -> list[list[int]]:
+    """Chat-templated ids of each benchmark item's first user turn (the stage's system prompt and thinking switch)."""
+    from dscout.data.prompts import chat_prompt_ids
+
+    return [chat_prompt_ids(tokenizer, [{"role": "user", "content": it.turns[0]}], chat.get("system_prompt"),
+                            chat.get("enable_thinking")) for it in items]
+
+
 def cmd_depth_search(a):
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
-    from dscout.data.prompts import chat_prompt_ids
     from dscout.experiments.depth_search import run_depth_search
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
     target = load_target(a.target)
     chat = st["chat"]
-    prompts = []
-    for name in st["benchmarks"]:
-        for item in load_benchmark(name, data_root(a.data_root), st["num_prompts"], seed=st["seed"]):
-            prompts.append(chat_prompt_ids(target.tokenizer, [{"role": "user", "content": item.turns[0]}],
-                                           chat.get("system_prompt"), chat.get("enable_thinking")))
+    items = [it for name in st["benchmarks"]
+             for it in load_benchmark(name, data_root(a.data_root), st["num_prompts"], seed=st["seed"])]
+    prompts = _first_turn_ids(target.tokenizer, items, chat)
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])
     run_depth_search(target, a.features, st, prompts, stops, Path(a.out).parent)
     write_resolved(Path(a.out).parent / "config.resolved.json", st)
@@ -223,7 +228,6 @@ def cmd_serve_cpu(a):
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
-    from dscout.data.prompts import chat_prompt_ids
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.models.export import load_dflash_checkpoint
     from dscout.models.linear import pack_linears
@@ -241,8 +245,7 @@ def cmd_serve_cpu(a):
     chat = st["chat"]
     lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"], seed=st["seed"]) for n in st["benchmarks"]]
     pool = [item for group in zip(*lists) for item in group][: st["pool_size"]]  # round robin over benchmarks
-    prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": it.turns[0]}],
-                               chat.get("system_prompt"), chat.get("enable_thinking")) for it in pool]
+    prompts = _first_turn_ids(target.tokenizer, pool, chat)
     ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
     drafters = dict(kv.split("=", 1) for kv in a.drafter)
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])

@@ -35,6 +35,23 @@ from .linear import project
 from .target import default_target_layer_ids
 
 
+@torch.no_grad()
+def init_drafter_weights(module: nn.Module, std: float) -> None:
+    """SpecForge-style init of one drafter submodule: linears ~ N(0, std) with zero bias, RMSNorm = 1, RoPE
+    frequencies recomputed (shared by the DFlash and EAGLE-3 drafters' ``_init_weights``)."""
+    if isinstance(module, nn.Linear):
+        module.weight.normal_(mean=0.0, std=std)
+        if module.bias is not None:
+            module.bias.zero_()
+    elif isinstance(module, Qwen3RMSNorm):
+        module.weight.fill_(1.0)
+    elif isinstance(module, Qwen3RotaryEmbedding):
+        inv_freq, _ = module.compute_default_rope_parameters(module.config) \
+            if module.rope_type == "default" else (module.inv_freq, None)
+        module.inv_freq.copy_(inv_freq)
+        module.original_inv_freq.copy_(inv_freq)
+
+
 class DFlashDrafterConfig(PreTrainedConfig):
     r"""Configuration of a DFlash-architecture drafter.
 
@@ -259,18 +276,7 @@ class DFlashDrafter(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            module.weight.normal_(mean=0.0, std=std)
-            if module.bias is not None:
-                module.bias.zero_()
-        elif isinstance(module, Qwen3RMSNorm):
-            module.weight.fill_(1.0)
-        elif isinstance(module, Qwen3RotaryEmbedding):
-            inv_freq, _ = module.compute_default_rope_parameters(module.config) \
-                if module.rope_type == "default" else (module.inv_freq, None)
-            module.inv_freq.copy_(inv_freq)
-            module.original_inv_freq.copy_(inv_freq)
+        init_drafter_weights(module, self.config.initializer_range)
 
     # ------------------------------------------------------------------ target parts
     def attach_target(self, target) -> "DFlashDrafter":

@@ -35,6 +35,8 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RotaryEmbedding,
 )
 
+from .drafter import init_drafter_weights
+
 
 def default_eagle3_layer_ids(num_target_layers: int) -> list[int]:
     """EAGLE-3's three tapped layers in our id convention: ``[1, L//2 - 1, L - 4]``.
@@ -310,18 +312,7 @@ class Eagle3Drafter(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            module.weight.normal_(mean=0.0, std=std)
-            if module.bias is not None:
-                module.bias.zero_()
-        elif isinstance(module, Qwen3RMSNorm):
-            module.weight.fill_(1.0)
-        elif isinstance(module, Qwen3RotaryEmbedding):
-            inv_freq, _ = module.compute_default_rope_parameters(module.config) \
-                if module.rope_type == "default" else (module.inv_freq, None)
-            module.inv_freq.copy_(inv_freq)
-            module.original_inv_freq.copy_(inv_freq)
+        init_drafter_weights(module, self.config.initializer_range)
 
     # ------------------------------------------------------------------ vocabulary
     @torch.no_grad()
