@@ -4,6 +4,8 @@
 
 
 rule benchmark:
+    wildcard_constraints:
+        temp="0",
     message:
         "Benchmark {wildcards.benchmark}, T={wildcards.temp}, {params.repeats} repeats"
     input:
@@ -37,3 +39,23 @@ rule benchmark:
         "--benchmark {wildcards.benchmark} --temperature {wildcards.temp} --repeats {params.repeats} "
         "{params.drafters} --out-dir {params.out_dir} --data-root {params.data_root:q} "
         "--threads {threads} > {log} 2>&1"
+
+
+# temperatures above 0: the same job over AR and `benchmarks.sampled_methods`
+use rule benchmark as benchmark_sampled with:
+    wildcard_constraints:
+        temp=r"[1-9][0-9.]*|0\.[0-9]*[1-9][0-9]*",
+    output:
+        expand(
+            "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{repeat}/{method}.jsonl",
+            repeat=REPEATS,
+            method=SAMPLED_METHOD_KEYS,
+        ),
+    params:
+        cli=CLI,
+        stage=stage_json(SAMPLED_BENCH_STAGE),
+        drafters=drafter_args,
+        out_dir=bench_out_dir,
+        repeats=len(REPEATS),
+        code=code("bench"),
+        data_root=DATA_ROOT,

@@ -21,6 +21,8 @@ RESPONSES_ID = dcfg.responses_id(config)
 GPUS = config["training"]["num_gpus"]
 # threads of each heavy job: all cores by default (one job at a time: undisturbed timings)
 JOB_THREADS = min(config["threads_per_job"] or workflow.cores, workflow.cores)
+# drafter trainings may run side by side with fewer threads each (no timing is measured inside them)
+TRAIN_THREADS = min(config["threads_per_training_job"] or JOB_THREADS, workflow.cores)
 
 
 STUDY = config["study"]["enabled"]
@@ -77,6 +79,22 @@ TEMPS = [f"{t:g}" for t in config["temperatures"]]
 REPEATS = list(range(config["repeats"]))
 BENCHES = config["benchmarks"]["names"]
 METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in _method_specs())]
+# temperatures above 0 run AR and `benchmarks.sampled_methods` (null = all methods)
+_sampled = config["benchmarks"].get("sampled_methods")
+if _sampled is not None:
+    _unknown = sorted(set(_sampled) - {m["name"] for m in config["methods"]})
+    if _unknown:
+        raise ValueError(f"config benchmarks.sampled_methods: {_unknown} are not method names of `methods`")
+SAMPLED_BENCH_STAGE = {
+    **BENCH_STAGE,
+    "methods": [s for s in BENCH_STAGE["methods"] if _sampled is None or s["name"] in _sampled],
+}
+SAMPLED_METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in SAMPLED_BENCH_STAGE["methods"])]
+
+
+def method_keys_at(temp):
+    """Method keys benchmarked at temperature ``temp`` (a TEMPS string)."""
+    return METHOD_KEYS if float(temp) == 0 else SAMPLED_METHOD_KEYS
 SERVING_STAGE = dcfg.serving_stage(config, DRAFTER_IDS) if SERVING else None
 SERVING_ID = f"{config['target']['name']}-{dcfg.short_hash(SERVING_STAGE)}" if SERVING else None
 STUDY_STAGE = dcfg.study_stage(config, DRAFTER_IDS) if STUDY else None
@@ -103,14 +121,18 @@ def drafter_dir(name):
 
 
 def bench_records():
-    return expand(
-        "results/bench/{bench_id}/{benchmark}/t{temp}/r{repeat}/{method}.jsonl",
-        bench_id=BENCH_ID,
-        benchmark=BENCHES,
-        temp=TEMPS,
-        repeat=REPEATS,
-        method=METHOD_KEYS,
-    )
+    return [
+        path
+        for temp in TEMPS
+        for path in expand(
+            "results/bench/{bench_id}/{benchmark}/t{temp}/r{repeat}/{method}.jsonl",
+            bench_id=BENCH_ID,
+            benchmark=BENCHES,
+            temp=temp,
+            repeat=REPEATS,
+            method=method_keys_at(temp),
+        )
+    ]
 
 
 def serving_records_input(wildcards):

@@ -48,7 +48,7 @@ rule train_drafter:
         responses=responses_arg,
         launcher=launcher,
         code=code("train"),
-    threads: JOB_THREADS
+    threads: TRAIN_THREADS
     resources:
         gpu=GPUS,
     log:

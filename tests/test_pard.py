@@ -301,3 +301,28 @@ def test_save_load_round_trip(tmp_path, tgt):
     assert d2.draft(ids, shift_features(f)).shape == (5,)
     with pytest.raises(FileNotFoundError):
         Pard2Drafter.load(tmp_path / "nothing")
+
+
+def test_loss_over_supervised_slots_equals_full_layout_formula(tgt):
+    """The loss computes logits only on supervised slots; it must equal 0.1 CE + KL weighted over every slot of
+    the full layout (weight 0 elsewhere), gradient included."""
+    d = make_drafter(tgt)
+    ids, mask, f, tl = _batch(tgt, d)
+    k, S = 4, ids.shape[1]
+    got, _ = pard2_loss(d, ids, mask, f, tl, k=k, cod_r=None, feat_drop_p=0.0)
+    batch = build_pard_inputs(ids, f, k, d.config.mask_token_id)
+    logq = torch.log_softmax(d(batch.input_ids, batch.in_feats, position_ids=batch.cols,
+                               attention_mask=batch.attention_mask).float(), -1)  # [b, k S, V]
+    label_pos = (batch.cols + 1).clamp(max=S - 1)
+    valid = ((batch.cols >= batch.blocks) & (batch.cols + 1 < S))[None] & mask[:, label_pos].bool()
+    w = cat_weights(tl, ids, batch.blocks, batch.cols) * valid
+    ce = -logq.gather(-1, ids[:, label_pos][..., None]).squeeze(-1)
+    logp = torch.log_softmax(tl[:, batch.cols].float(), -1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    want = (0.1 * (w * ce).sum() + (w * kl).sum()) / w.sum()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    params = [p for p in d.parameters() if p.requires_grad]
+    for a, b in zip(torch.autograd.grad(got, params, allow_unused=True),
+                    torch.autograd.grad(want, params, allow_unused=True)):
+        if a is not None:
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)

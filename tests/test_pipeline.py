@@ -126,7 +126,8 @@ def test_paper_preset_dry_runs():
     jobs = _jobs(r.stdout)
     # DFlash + DScout trained, EAGLE-3 and PARD-2 imported from their public checkpoints by the same rule,
     # plus one drafter per recipe of the study (Tables 1, 2; Figures 4, 7)
-    assert jobs["train_drafter"] == 4 + 8 and jobs["benchmark"] == 6 * 2  # six benchmarks x T in {0, 1}
+    assert jobs["train_drafter"] == 4 + 8  # six benchmarks x T in {0, 1}:
+    assert jobs["benchmark"] == 6 and jobs["benchmark_sampled"] == 6
     assert jobs["generate_responses"] == 1 and jobs["table3"] == 1
     for table_or_figure in ("fig2", "fig3", "fig5", "table4", "study_table1", "study_table2", "study_fig4",
                             "study_fig7"):  # every table and figure of the paper
@@ -138,7 +139,8 @@ def test_paper_preset_dry_runs_with_slurm_profile():
     """The cluster command line, minus conda (not installable here; env-modules is a no-op stand-in)."""
     r = snakemake("-n", "--configfile", "presets/paper.yaml", "--profile", "profiles/slurm", "--sdm", "env-modules")
     jobs = _jobs(r.stdout)
-    assert jobs["train_drafter"] == 12 and jobs["benchmark"] == 12 and jobs["table4"] == 1 and jobs["all"] == 1
+    assert jobs["train_drafter"] == 12 and jobs["benchmark"] + jobs["benchmark_sampled"] == 12
+    assert jobs["table4"] == 1 and jobs["all"] == 1
 
 
 def test_imported_drafters_need_no_responses():
@@ -164,6 +166,8 @@ def smoke_run(tmp_path_factory):
         elif src.exists():
             shutil.copy(src, work / name)
     r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900)
+    # right away (before the artifacts extension adds temperature-1 records): a second run schedules nothing
+    r.second_run = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)
     return work, r
 
 
@@ -180,9 +184,22 @@ def smoke_artifacts_run(smoke_run):
 @pytest.mark.slow
 def test_smoke_artifacts_reuse_the_smoke_run(smoke_artifacts_run):
     _, jobs = smoke_artifacts_run
-    # nothing of the main DAG reruns: only the study drafters, the study/serving/depth jobs and their artifacts
-    assert not {"generate_responses", "target_features", "benchmark", "table3", "fig2"} & set(jobs)
-    assert jobs.get("train_drafter") == 8
+    # nothing of the main DAG reruns: only the study drafters, the study/serving/depth jobs, the temperature-1
+    # benchmarks (AR + the sampled methods) and the artifacts that read them
+    assert not {"generate_responses", "target_features", "benchmark"} & set(jobs)
+    assert jobs.get("train_drafter") == 8 and jobs.get("benchmark_sampled") == 6 and jobs.get("table3") == 1
+
+
+@pytest.mark.slow
+def test_temperature_one_rows_in_table3(smoke_artifacts_run):
+    work, _ = smoke_artifacts_run
+    import csv
+
+    rows = list(csv.DictReader(open(work / "results/tables/table3.csv")))
+    sampled = {r["method_name"] for r in rows if float(r["temperature"]) == 1.0}
+    greedy = {r["method_name"] for r in rows if float(r["temperature"]) == 0.0}
+    assert sampled == {"AR", "DFlash(16)", "DScout(16)"} and {"EAGLE-3(16)", "PARD-2(4)"} <= greedy
+    assert "## Temperature 1" in (work / "results/tables/table3.md").read_text()
 
 
 @pytest.mark.slow
@@ -254,8 +271,8 @@ def test_smoke_dag_renders_table4_from_batched_serving(smoke_artifacts_run):
 
 @pytest.mark.slow
 def test_second_run_schedules_nothing_and_changes_rerun_only_their_stage(smoke_run):
-    work, _ = smoke_run
-    r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)
+    work, first = smoke_run
+    r = first.second_run
     assert "Nothing to be done" in r.stdout + r.stderr
     bench_only = work / "bench_only.yaml"
     bench_only.write_text("benchmarks: {max_new_tokens: 9}\n")

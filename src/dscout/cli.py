@@ -169,11 +169,12 @@ def cmd_bench(a):
     methods = build_methods(target, st["methods"], drafter_dirs, stops,
                             cpu_packed_linear=b.get("cpu_packed_linear", False))
     out = Path(a.out_dir)
+    prefills = {}  # identical prompt prefills are computed once across methods and repeats
     for repeat in range(a.repeats):
         records = run_benchmark(target, methods, prompts, benchmark=a.benchmark, max_new_tokens=max_new,
                                 temperature=a.temperature, repeat=repeat, chat=st["chat"],
                                 near_tie_epsilon=st["near_tie_epsilon"], score_outputs=b.get("score", True),
-                                warmup=repeat == 0)
+                                warmup=repeat == 0, prefill_store=prefills)
         for m in methods:
             write_records(records[m.key], out / f"r{repeat}" / f"{m.key}.jsonl")
     write_resolved(out / "config.resolved.json", st)

@@ -4,9 +4,9 @@ AR and every speculative method are run side by side, prompt by prompt, in one p
 rotates from prompt to prompt), so slow drift of a shared CPU hits all methods alike; speedups are then
 computed from these records only (:mod:`dscout.analysis.aggregate`).
 
-Record schema (one JSON object per line; ``schemas/record.schema.json``): ``benchmark``, ``prompt_id``,
+Record schema (one JSON object per line): ``benchmark``, ``prompt_id``,
 ``turn``, ``method``, ``method_name``, ``drafter``, ``block_size`` (null for AR), ``temperature``, ``repeat``,
-``concurrency``, ``new_tokens``, ``decode_seconds``, ``prefill_seconds``, ``draft_seconds``, ``verify_seconds``,
+``concurrency``, ``new_tokens``, ``decode_seconds``, ``prefill_seconds``, ``prefill_reused``, ``draft_seconds``, ``verify_seconds``,
 ``accept_lengths``, ``output_ids``, ``output_text``, ``stop_reason``, ``matches_ar``, ``near_tie``,
 ``first_mismatch``, ``correct``, ``seed``, ``runtime``.
 """
@@ -75,7 +75,7 @@ def near_tie(target, context_ids: list[int], a: list[int], b: list[int], epsilon
 def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt], *, benchmark: str,
                   max_new_tokens: int, temperature: float, repeat: int, chat: dict, near_tie_epsilon: float,
                   score_outputs: bool = True, execute_code: bool = False, warmup: bool = True,
-                  runtime: str = "transformers") -> dict[str, list[dict]]:
+                  runtime: str = "transformers", prefill_store: dict | None = None) -> dict[str, list[dict]]:
     """Run every method on every prompt (and turn), AR first for reference; return records per method key.
 
     Args:
@@ -87,6 +87,9 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
         repeat: repeat index (sampling seeds depend on it).
         chat: ``{"system_prompt", "enable_thinking"}``.
         near_tie_epsilon: see :func:`near_tie`.
+        prefill_store: shared across repeats: each identical prompt prefill (per tapped layer set) is computed
+            once (:meth:`SpeculativeEngine.generate`); records say ``prefill_reused``. Decode timings and
+            outputs are unaffected.
     Raises:
         ValueError: if no AR method is given.
     """
@@ -112,13 +115,14 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
                 ids = chat_prompt_ids(tok, msgs, chat.get("system_prompt"), chat.get("enable_thinking"))
                 seed = _seed(benchmark, item.prompt_id, turn, repeat)
                 r = m.engine.generate(ids, max_new_tokens, block_size=m.block_size or 1, temperature=temperature,
-                                      seed=seed)
+                                      seed=seed, prefill_store=prefill_store)
                 text = tok.decode(r.output_ids, skip_special_tokens=True)
                 rec = {"benchmark": benchmark, "prompt_id": item.prompt_id, "turn": turn, "method": m.kind,
                        "method_name": m.name, "method_key": m.key, "drafter": m.drafter,
                        "block_size": m.block_size, "temperature": temperature, "repeat": repeat,
                        "concurrency": 1, "prompt_tokens": len(ids), "new_tokens": r.new_tokens,
                        "decode_seconds": r.decode_seconds, "prefill_seconds": r.prefill_seconds,
+                       "prefill_reused": r.prefill_reused,
                        "draft_seconds": sum(r.draft_seconds), "verify_seconds": sum(r.verify_seconds),
                        "accept_lengths": r.accept_lengths, "output_ids": r.output_ids, "output_text": text,
                        "stop_reason": r.stop_reason, "seed": seed, "runtime": runtime,

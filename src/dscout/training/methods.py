@@ -59,11 +59,21 @@ class DFlashMethod:
                 "sglang_servable": max(c.target_layer_ids) <= c.num_target_layers - 2}
 
 
-def _target_logits(batch, target) -> torch.Tensor:
-    """The target's logits ``[b, S, V]`` from the cached final-normed states (no gradient)."""
+def _target_logits(batch, target, only_supervised: bool = False) -> torch.Tensor:
+    """The target's logits ``[b, S, V]`` from the cached final-normed states (no gradient).
+
+    With ``only_supervised`` the LM head runs on the positions where ``batch.loss_mask`` is 1 only and the other
+    rows are 0 (for losses that weight those rows by the loss mask: EAGLE-3's TTT loss).
+    """
     with torch.no_grad():
         head = target.lm_head
-        return torch.nn.functional.linear(batch.final_hidden.to(head.weight.dtype), head.weight).float()
+        h = batch.final_hidden.to(head.weight.dtype)
+        if not only_supervised:
+            return torch.nn.functional.linear(h, head.weight).float()
+        sel = batch.loss_mask.bool()
+        out = torch.zeros(*h.shape[:2], head.weight.shape[0], dtype=torch.float32, device=h.device)
+        out[sel] = torch.nn.functional.linear(h[sel], head.weight).float()
+        return out
 
 
 class Eagle3Method:
@@ -100,7 +110,8 @@ class Eagle3Method:
     def loss(self, model, batch, generator, target):
         from .eagle3_loss import eagle3_ttt_loss
 
-        loss, m = eagle3_ttt_loss(model, batch.input_ids, batch.loss_mask, batch.taps, _target_logits(batch, target),
+        loss, m = eagle3_ttt_loss(model, batch.input_ids, batch.loss_mask, batch.taps,
+                                  _target_logits(batch, target, only_supervised=True),
                                   steps=int(self.opts["ttt_steps"]))
         return loss, {"accuracy": m["step_accuracy"][0], "step_accuracy": m["step_accuracy"], "block_size": None}
 

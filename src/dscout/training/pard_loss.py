@@ -199,30 +199,36 @@ def pard2_loss(drafter, input_ids: torch.Tensor, loss_mask: torch.Tensor, feats:
     keep = cod_keep(S, k, cod_r, cod_rmin, generator)
     batch = build_pard_inputs(input_ids, feats, k, drafter.config.mask_token_id, keep)
     blocks, cols = batch.blocks, batch.cols
-    logits = drafter(batch.input_ids, batch.in_feats, position_ids=cols,
-                     attention_mask=batch.attention_mask).float()  # [b, N, V]
+    hidden = drafter.hidden(batch.input_ids, batch.in_feats, position_ids=cols,
+                            attention_mask=batch.attention_mask)  # [b, N, H]
 
     label_pos = (cols + 1).clamp(max=S - 1)
     valid = (cols >= blocks) & (cols + 1 < S)
-    valid = valid[None] & loss_mask[:, label_pos].bool()
+    valid = valid[None] & loss_mask[:, label_pos].bool()  # [b, N]
     w = cat_weights(target_logits, input_ids, blocks, cols) * valid.float()  # [b, N]
     denom = w.sum().clamp_min(EPS)
 
+    # The LM head over the vocabulary dominates the step: only supervised slots get logits (the others have
+    # weight 0, so the loss and its gradient are the same as over the full layout).
+    rows = torch.arange(bsz, device=input_ids.device)[:, None].expand(bsz, blocks.numel())[valid]
+    slot_cols, slot_blocks = cols[None].expand_as(valid)[valid], blocks[None].expand_as(valid)[valid]
+    logits = drafter.compute_logits(hidden[valid]).float()  # [M, V]
+    w_sel = w[valid]
     logq = torch.log_softmax(logits, dim=-1)
-    labels = input_ids[:, label_pos]
-    ce = -logq.gather(-1, labels[..., None]).squeeze(-1)
-    logp = torch.log_softmax(target_logits[:, cols].float().detach(), dim=-1)
+    labels = input_ids[rows, (slot_cols + 1).clamp(max=S - 1)]
+    ce = -logq.gather(-1, labels[:, None]).squeeze(-1)
+    logp = torch.log_softmax(target_logits[rows, slot_cols].float().detach(), dim=-1)
     kl = (logp.exp() * (logp - logq)).sum(-1)
-    ce_w = (w * ce).sum() / denom
-    kl_w = (w * kl).sum() / denom
+    ce_w = (w_sel * ce).sum() / denom
+    kl_w = (w_sel * kl).sum() / denom
     loss = ce_weight * ce_w + kl_weight * kl_w
 
     with torch.no_grad():
         hit = (logits.argmax(-1) == labels).float()
-        metrics = {"ce": ce_w.item(), "kl": kl_w.item(), "acc": ((w * hit).sum() / denom).item(),
+        metrics = {"ce": ce_w.item(), "kl": kl_w.item(), "acc": ((w_sel * hit).sum() / denom).item(),
                    "slots": int(blocks.numel()), "weight": w.sum().item()}
         for b in range(k):
-            sel = valid & (blocks == b)[None]
+            sel = slot_blocks == b
             if sel.any():
                 metrics[f"acc_b{b}"] = hit[sel].mean().item()
     return loss, metrics
