@@ -52,10 +52,4 @@ use rule benchmark as benchmark_sampled with:
             method=SAMPLED_METHOD_KEYS,
         ),
     params:
-        cli=CLI,
         stage=stage_json(SAMPLED_BENCH_STAGE),
-        drafters=drafter_args,
-        out_dir=bench_out_dir,
-        repeats=len(REPEATS),
-        code=code("bench"),
-        data_root=DATA_ROOT,
