@@ -12,6 +12,7 @@ from dscout import config as dcfg  # noqa: E402
 
 validate(config, "../schemas/config.schema.yaml")
 dcfg._check_references(config)
+dcfg.check_plan(config, "the merged config files")  # block sizes vs horizons, mask id vs vocabulary, data files
 
 CLI = str(Path(workflow.basedir) / "src" / "dscout" / "cli.py")
 DATA_ROOT = config["data_root"]
@@ -211,9 +212,17 @@ def features_arg(wildcards, input):
     return f"--features {Path(input.features).parent}"
 
 
+FREE_PORT = "$(python -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])')"
+
+
 def launcher(wildcards):
-    """DeepSpeed's launcher over the job's GPUs for training; plain python on the CPU or for an import."""
-    return f"deepspeed --num_gpus {GPUS}" if GPUS > 0 and not _imported(wildcards) else "python"
+    """DeepSpeed's launcher over the job's ranks (GPUs; gloo processes on a CPU); plain python for one process.
+
+    The rendezvous port is a free one picked when the job starts, so two trainings on one node never collide.
+    """
+    if GPUS > 0 and not _imported(wildcards):
+        return f"deepspeed --num_gpus {GPUS} --master_port {FREE_PORT}"
+    return "python"
 
 
 def responses_arg(wildcards, input):

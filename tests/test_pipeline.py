@@ -13,36 +13,7 @@ import yaml
 
 from dscout import config as dcfg
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("DSCOUT_DATA_ROOT", ROOT.parent / "shared" / "data"))
-PROJECT_FILES = ["Snakefile", "config.yaml", "rules", "schemas", "src", "configs", "presets", "envs", "report",
-                 "profiles"]
-
-
-def snakemake(*args, cwd=ROOT, check=True, timeout=900):
-    env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA), "PYTHONUNBUFFERED": "1"}
-    r = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
-                       env=env, timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
-    return r
-
-
-def _jobs(dry_run_output: str) -> dict[str, int]:
-    """Job counts from the 'Job stats' table of a dry run."""
-    counts, inside = {}, False
-    for line in dry_run_output.splitlines():
-        if line.startswith("job ") and "count" in line:
-            inside = True
-            continue
-        if inside:
-            parts = line.split()
-            if not parts or parts[0].startswith("---"):
-                continue
-            if parts[0] == "total":
-                break
-            counts[parts[0]] = int(parts[1])
-    return counts
+from tests.workflow import DATA, ROOT, copy_project, jobs_of as _jobs, snakemake  # noqa: E402,F401
 
 
 def load(*presets):
@@ -158,13 +129,7 @@ def test_imported_drafters_need_no_responses():
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     """The smoke preset run end to end in a copy of the project (results/ stays out of the checkout)."""
-    work = tmp_path_factory.mktemp("smoke")
-    for name in PROJECT_FILES:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        elif src.exists():
-            shutil.copy(src, work / name)
+    work = copy_project(tmp_path_factory.mktemp("smoke"))
     r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900)
     # right away (before the artifacts extension adds temperature-1 records): a second run schedules nothing
     r.second_run = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)

@@ -47,6 +47,22 @@ def load_target(target_dir: str, stage: dict | None = None):
                             attn_implementation=t.get("attn_implementation"))
 
 
+def check_target_shape(model_dir, stage: dict) -> None:
+    """Compare ``target.num_layers`` / ``target.vocab_size`` of the config with a local model's ``config.json``.
+
+    A hub id (no local folder) is checked when the model is loaded. Raises ValueError naming the key.
+    """
+    cfg_path = Path(model_dir) / "config.json"
+    if not cfg_path.exists():
+        return
+    mc = json.loads(cfg_path.read_text())
+    mc = mc.get("text_config", mc)
+    for key, field in (("num_layers", "num_hidden_layers"), ("vocab_size", "vocab_size")):
+        if stage.get(key) is not None and mc.get(field) is not None and int(stage[key]) != int(mc[field]):
+            raise ValueError(f"config target.{key} = {stage[key]} but the model {model_dir} has {field} = "
+                             f"{mc[field]}: set target.{key}: {mc[field]}")
+
+
 def cmd_prepare_target(a):
     from dscout.config import write_resolved
     from dscout.models.target import prepare_target
@@ -54,6 +70,7 @@ def cmd_prepare_target(a):
     st = json.loads(a.stage)
     out = Path(a.out)
     load_from = prepare_target(st["source"], out)
+    check_target_shape(load_from, st)
     info = json.loads((out / "target.json").read_text())
     info["load_from"] = str(load_from)
     info["stage"] = st
@@ -135,17 +152,21 @@ def cmd_train(a):
     cfg = TrainConfig(
         recipe=st["recipe"], recipe_overrides=st.get("recipe_overrides") or {}, num_layers=st["num_layers"],
         target_layer_ids=st["layer_ids"], mask_token_id=st["mask_token_id"], num_anchors=tr["num_anchors"],
-        micro_batch_size=tr["micro_batch_size"], lr=tr["lr"], warmup_ratio=tr["warmup_ratio"],
+        micro_batch_size=tr["micro_batch_size"], gradient_accumulation_steps=tr.get("gradient_accumulation_steps", 1),
+        lr=tr["lr"], warmup_ratio=tr["warmup_ratio"],
         weight_decay=tr["weight_decay"], max_steps=tr["max_steps"], epochs=tr["epochs"], seed=tr["seed"],
         deepspeed_config=tr["deepspeed_config"], checkpoint_every=tr["checkpoint_every"],
         dtype="bfloat16" if target.dtype == torch.bfloat16 else "float32",
         init_from_target=st.get("init_from_target", False), kind=st.get("kind", "dflash"),
         options=st.get("options") or {})
     t0 = time.time()
+    # test hook: simulate a kill after that step (the resume tests run the rule's own command)
+    crash = int(os.environ["DSCOUT_CRASH_AFTER_STEP"]) if os.environ.get("DSCOUT_CRASH_AFTER_STEP") else None
     if a.features:
-        train_drafter(target, cfg, a.out, a.work, feature_cache=a.features)
+        train_drafter(target, cfg, a.out, a.work, feature_cache=a.features, _crash_after_step=crash)
     else:
-        train_drafter(target, cfg, a.out, a.work, sequences=_sequences(a.responses, json.loads(a.responses_stage)))
+        train_drafter(target, cfg, a.out, a.work, sequences=_sequences(a.responses, json.loads(a.responses_stage)),
+                      _crash_after_step=crash)
     st["wall_seconds"] = time.time() - t0
     write_resolved(Path(a.out) / "config.resolved.json", st)
 
@@ -312,6 +333,9 @@ def cmd_fig2(a):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="dscout", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    # DeepSpeed's launcher passes --local_rank=<r> to every rank before the subcommand (unless --no_local_rank);
+    # the rank is also in $LOCAL_RANK, which init_distributed reads
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def add(name, fn, help_):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -104,6 +105,96 @@ def _check_references(config: dict) -> None:
                              f"({', '.join(drafters) or 'none defined'})")
 
 
+def _max_horizon(variant: dict) -> int | None:
+    """Largest training horizon of a trained DFlash/DScout variant (None for other kinds or imports)."""
+    if variant.get("kind", "dflash") != "dflash" or variant.get("pretrained"):
+        return None
+    from .training.recipes import get_recipe  # torch-free
+
+    overrides = variant.get("recipe_overrides") or {}
+    return get_recipe(variant.get("recipe", "dflash"), **overrides).max_horizon
+
+
+def check_plan(config: dict, source: str = "config") -> None:
+    """Semantic checks that the schema cannot express, run before any job (the Snakefile calls this at plan time).
+
+    Each is a mistake that would otherwise surface inside a job, after earlier stages spent their time:
+
+    * a method's (or the serving table's, or the depth search's) block size above the largest training horizon
+      of its DFlash/DScout drafter (a drafter decodes at any bs up to the horizon it was trained at);
+    * ``target.mask_token_id`` outside ``[0, target.vocab_size)`` (the mask must be an existing embedding row);
+    * a missing data folder or benchmark / prompt file that a stage of this config reads.
+
+    Raises:
+        ValueError: listing every problem, each naming its config key (e.g. ``methods[2].block_size``).
+    """
+    from .data.benchmarks import get_benchmark
+    from .data.paths import ENV_VAR, data_root
+    from .data.prompts import PROMPT_SOURCES
+
+    problems: list[str] = []
+    t = config["target"]
+    vocab = t.get("vocab_size")
+    if vocab is not None and not 0 <= t["mask_token_id"] < vocab:
+        problems.append(f"target.mask_token_id: {t['mask_token_id']} is outside the vocabulary [0, {vocab}) "
+                        "(target.vocab_size); pick an existing, unused embedding row")
+    drafters = config.get("drafters", {})
+
+    def horizon_check(key: str, drafter: str, bs: int) -> None:
+        v = drafters.get(drafter)
+        if v is None:
+            problems.append(f"{key}: drafter '{drafter}' is not a key of 'drafters'")
+            return
+        h = _max_horizon(v)
+        if h is not None and bs > h:
+            problems.append(f"{key}: block size {bs} exceeds the largest training horizon {h} of drafter "
+                            f"'{drafter}' (recipe '{v.get('recipe', 'dflash')}'); decode at bs <= {h} or train "
+                            "it with a longer horizon (recipe_overrides.horizons)")
+
+    for i, m in enumerate(config.get("methods", [])):
+        if m.get("drafter") and m.get("block_size") and m["kind"] in ("dflash", "dscout"):
+            horizon_check(f"methods[{i}].block_size", m["drafter"], m["block_size"])
+    s = config.get("serving", {})
+    if s.get("enabled"):
+        horizon_check("serving.dflash_drafter", s["dflash_drafter"], 16)
+        for bs in s.get("block_sizes", []):
+            horizon_check("serving.block_sizes", s["dscout_drafter"], bs)
+        if s.get("eagle3_drafter") and s["eagle3_drafter"] not in drafters:
+            problems.append(f"serving.eagle3_drafter: '{s['eagle3_drafter']}' is not a key of 'drafters'")
+    d = config.get("depth_search", {})
+    if d.get("enabled"):
+        from .training.recipes import get_recipe
+
+        h = get_recipe(d["recipe"]).max_horizon
+        if d["block_size"] > h:
+            problems.append(f"depth_search.block_size: {d['block_size']} exceeds the largest training horizon "
+                            f"{h} of recipe '{d['recipe']}'")
+
+    root = data_root(config.get("data_root"))
+    needed: dict[str, str] = {}
+    b = config.get("benchmarks", {})
+    for key, names in (("benchmarks.names", b.get("names", [])),
+                       ("study.benchmarks", config.get("study", {}).get("benchmarks", [])
+                        if config.get("study", {}).get("enabled") else []),
+                       ("depth_search.benchmarks", d.get("benchmarks", []) if d.get("enabled") else []),
+                       ("serving.benchmarks", s.get("benchmarks", []) if s.get("enabled") else [])):
+        for n in names:
+            needed.setdefault(get_benchmark(n).local_file, key)
+    for i, src in enumerate(config.get("responses", {}).get("sources", [])):
+        if src["name"] in PROMPT_SOURCES:
+            needed.setdefault(PROMPT_SOURCES[src["name"]][0], f"responses.sources[{i}]")
+    if needed and not root.is_dir():
+        problems.append(f"data_root: the data folder {root} does not exist (from "
+                        f"{'$' + ENV_VAR if os.environ.get(ENV_VAR) else 'config key data_root'}); point "
+                        f"data_root or ${ENV_VAR} at a folder laid out like the project's shared/data")
+    elif needed:
+        for rel, key in needed.items():
+            if not (root / rel).exists():
+                problems.append(f"{key}: needs {root / rel}, which does not exist (data_root = {root})")
+    if problems:
+        raise ValueError(f"invalid configuration ({source}):\n" + "\n".join(f"  {p}" for p in problems))
+
+
 def deep_merge(base: dict, override: dict) -> dict:
     """Recursive dict merge (override wins; lists replaced)."""
     out = copy.deepcopy(base)
@@ -157,19 +248,15 @@ def drafter_variant(cfg: dict, name: str) -> dict:
 
 def resolved_layer_ids(variant: dict, num_target_layers: int) -> list[int]:
     """The target layers a drafter variant reads (id l = output of decoder layer l), resolved per kind."""
-    from .models.target import default_target_layer_ids
+    from .models.layer_ids import default_eagle3_layer_ids, default_target_layer_ids, resolve_feature_layers
 
     kind = variant.get("kind", "dflash")
     if kind == "pard2":
-        from .models.pard import resolve_feature_layers
-
         feats = (variant.get("options") or {}).get("feature_layers", [-1, -8, -16, -24])
         return [num_target_layers - 1 if l == -1 else l for l in resolve_feature_layers(feats, num_target_layers)]
     if variant.get("target_layer_ids"):
         return list(variant["target_layer_ids"])
     if kind == "eagle3":
-        from .models.eagle3 import default_eagle3_layer_ids
-
         return default_eagle3_layer_ids(num_target_layers)
     return default_target_layer_ids(num_target_layers, variant.get("num_taps") or variant["num_layers"])
 
@@ -303,7 +390,7 @@ def study_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
 
 def depth_search_stage(cfg: dict, num_target_layers: int) -> dict:
     """What the drafter-depth search (Figure 5) depends on: responses, recipe, candidates, taps, decoding."""
-    from .models.target import default_target_layer_ids
+    from .models.layer_ids import default_target_layer_ids
 
     s, b, t = cfg["depth_search"], cfg["benchmarks"], cfg["target"]
     train = deep_merge(cfg["training"], {"max_steps": s["max_steps"]})

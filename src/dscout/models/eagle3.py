@@ -36,21 +36,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from .drafter import init_drafter_weights
-
-
-def default_eagle3_layer_ids(num_target_layers: int) -> list[int]:
-    """EAGLE-3's three tapped layers in our id convention: ``[1, L//2 - 1, L - 4]``.
-
-    These are HF ``hidden_states`` indices ``{2, L//2, L-3}`` shifted by one (baselines-reference §1.1;
-    SpecForge default ``[1, L//2-1, L-4]``). For very shallow targets ids may repeat (L = 4 gives ``[1, 1, 0]``).
-
-    Raises:
-        ValueError: if ``num_target_layers`` < 4 (the last id would be negative).
-    """
-    L = int(num_target_layers)
-    if L < 4:
-        raise ValueError(f"EAGLE-3 taps layer L - 4; a {L}-layer target is too shallow (need L >= 4)")
-    return [1, L // 2 - 1, L - 4]
+from .layer_ids import default_eagle3_layer_ids  # noqa: F401  (re-exported)
 
 
 # ---------------------------------------------------------------------------------------------- vocab map

@@ -40,42 +40,12 @@ import torch
 from torch import nn
 
 from .linear import project
+from .layer_ids import FINAL, PARD2_TARGET_LAYERS, resolve_feature_layers  # noqa: F401  (re-exported)
 
-PARD2_TARGET_LAYERS = (-1, -8, -16, -24)
-"""Upstream PARD-2 feature layers (HF ``hidden_states`` indices; -1 = final-normed output)."""
-
-FINAL = -1
-"""Marker in :attr:`Pard2Config.feature_layers` for the target's final-normed output."""
 
 CONFIG_FILE = "pard2_config.json"
 LM_DIR = "lm"
 PROJ_FILE = "target_proj.safetensors"
-
-
-def resolve_feature_layers(target_layer_ids, num_target_layers: int) -> list[int]:
-    """Map upstream HF ``hidden_states`` indices onto our target's taps.
-
-    Args:
-        target_layer_ids: negative HF ``hidden_states`` indices, e.g. ``[-1, -8, -16, -24]``.
-        num_target_layers: L, the target's decoder-layer count.
-    Returns:
-        One entry per distinct feature, in the given order: :data:`FINAL` (-1) for the final-normed output,
-        else the 0-based decoder layer whose output is tapped (``L + id``, clipped to 0).
-    Raises:
-        ValueError: on an empty list or a non-negative id.
-    """
-    ids = [int(i) for i in target_layer_ids]
-    if not ids:
-        raise ValueError("target_layer_ids must not be empty")
-    out: list[int] = []
-    for i in ids:
-        if i >= 0:
-            raise ValueError(f"target_layer_ids are negative HF hidden_states indices (-1 = final-normed "
-                             f"output), got {i}")
-        lid = FINAL if i == -1 else max(0, num_target_layers + i)
-        if lid not in out:
-            out.append(lid)
-    return out
 
 
 @dataclass

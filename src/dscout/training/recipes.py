@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-import torch
 
 WEIGHTINGS = ("none", "decay", "awl")
 
@@ -66,10 +65,12 @@ class Recipe:
     def mixed(self) -> bool:
         return len(self.horizons) > 1
 
-    def draw_horizon(self, generator: torch.Generator) -> int:
+    def draw_horizon(self, generator: "torch.Generator") -> int:
         """Inclusion factor: the horizon B of one update, uniform over ``horizons``."""
         if len(self.horizons) == 1:
             return self.horizons[0]
+        import torch  # lazy: the recipe table is read at plan time, where torch may be absent
+
         i = int(torch.randint(len(self.horizons), (1,), generator=generator))
         return self.horizons[i]
 

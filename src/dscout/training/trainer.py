@@ -7,12 +7,19 @@ run's step count. The optimizer is AdamW (torch, fp32 master weights), as in Spe
 
 Resumability: DeepSpeed checkpoints (model, optimizer, scheduler and the step) are saved every
 ``checkpoint_every`` steps under ``work_dir/checkpoints``; a restarted run loads the latest and continues.
-The data order is a pure function of ``(seed, step, rank)`` and every update's RNG (horizon, anchors, reveal
-pattern) is seeded by ``(seed, step, rank)``, so a resumed run reaches the same final step with the same data
-order as an uninterrupted one.
+Data order and randomness are keyed by the *slot* of a micro-batch within the global batch of one update, not
+by the process that runs it: an update of ``world`` ranks x ``gradient_accumulation_steps`` micro-steps has
+``P = world * gas`` slots, slot ``p = rank * gas + micro``; its sequences and its RNG (horizon, anchors, reveal
+pattern) are pure functions of ``(seed, step, p)``. Hence
+
+* a resumed run reaches the same final step with the same data order as an uninterrupted one, and
+* ``N`` ranks with ``gas = 1`` and one rank with ``gas = N`` draw the same global batch and, since DeepSpeed
+  averages gradients over ranks (all-reduce / world) and over micro-steps (loss / gas) alike, make the same
+  update up to float summation order (``tests/test_distributed_training.py`` runs both through the rule's
+  command).
 
 Launch: single CPU process: ``dscout train ...`` (RANK/WORLD_SIZE default to 0/1, gloo). GPUs:
-``deepspeed --num_gpus N -m dscout.cli train ...`` (nccl).
+``deepspeed --num_gpus N src/dscout/cli.py train ...`` (nccl; on a CPU the same launcher starts N gloo ranks).
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ class TrainConfig:
         num_taps: t when ``target_layer_ids`` is None (None = d).
         mask_token_id: drafter mask token (an existing target embedding row).
         num_anchors: blocks per sequence per update.
-        micro_batch_size: sequences per rank per update.
+        micro_batch_size: sequences per rank per micro-step.
+        gradient_accumulation_steps: micro-steps per update (DeepSpeed ``gradient_accumulation_steps``).
         lr, warmup_ratio, weight_decay: AdamW + warmup/cosine schedule.
         max_steps: updates to run (None: ``epochs`` over the data).
         epochs: passes over the data when ``max_steps`` is None.
@@ -68,6 +76,7 @@ class TrainConfig:
     mask_token_id: int = 0
     num_anchors: int = 32
     micro_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
     lr: float = 6e-4
     warmup_ratio: float = 0.04
     weight_decay: float = 0.0
@@ -102,11 +111,15 @@ def init_distributed() -> tuple[int, int]:
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
-def sample_indices(step: int, rank: int, world: int, micro_batch: int, n: int, seed: int) -> list[int]:
-    """Data order: the sequence indices of ``(step, rank)``; a fresh permutation per epoch from ``seed``."""
+def sample_indices(step: int, slot: int, slots: int, micro_batch: int, n: int, seed: int) -> list[int]:
+    """Data order: the sequence indices of micro-batch ``slot`` (of ``slots``) in update ``step``.
+
+    A fresh permutation of the ``n`` sequences per epoch from ``seed``; the global batch of one update takes
+    ``slots * micro_batch`` consecutive entries of it, so slots (ranks and micro-steps) draw disjoint sequences.
+    """
     out = []
     for i in range(micro_batch):
-        g = (step * world + rank) * micro_batch + i
+        g = (step * slots + slot) * micro_batch + i
         epoch, j = divmod(g, n)
         gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
         out.append(int(torch.randperm(n, generator=gen)[j]))
@@ -146,7 +159,7 @@ def _ds_config(path: str, cfg: TrainConfig, total_steps: int, world: int) -> dic
         raise FileNotFoundError(f"DeepSpeed config {p} not found (key training.deepspeed_config)")
     ds = json.loads(p.read_text())
     ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
-    ds["gradient_accumulation_steps"] = 1
+    ds["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
     ds.pop("train_batch_size", None)
     sched = ds.get("scheduler", {}).get("params", {})
     if sched.get("total_num_steps") == "auto":
@@ -206,7 +219,9 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
         raise ValueError("train_drafter needs a feature_cache or sequences")
     n = len(source)
     method.prepare(source, target)
-    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * n / (cfg.micro_batch_size * world)))
+    gas = cfg.gradient_accumulation_steps
+    slots = world * gas
+    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * n / (cfg.micro_batch_size * slots)))
     ds_cfg = _ds_config(cfg.deepspeed_config, cfg, total, world)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
@@ -235,15 +250,24 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     with open(log_path, "a") as log:
         for step in bar:
             t0 = time.perf_counter()
-            idx = sample_indices(step, rank, world, cfg.micro_batch_size, n, cfg.seed)
-            batch = source.batch(idx, dtype, device)
-            gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + rank)
-            loss, metrics = method.loss(model, batch, gen, target)
-            engine.backward(loss)
-            engine.step()
-            rec = {"step": step, "epoch": (step * world * cfg.micro_batch_size) / n, "loss": float(loss.detach()),
+            idx, losses = [], []
+            for micro in range(gas):
+                slot = rank * gas + micro
+                ids = sample_indices(step, slot, slots, cfg.micro_batch_size, n, cfg.seed)
+                batch = source.batch(ids, dtype, device)
+                gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + slot)
+                loss, metrics = method.loss(model, batch, gen, target)
+                engine.backward(loss)  # DeepSpeed scales by 1 / gas and all-reduces (mean) at the boundary
+                engine.step()  # applies the update after the last micro-step only
+                idx += ids
+                losses.append(float(loss.detach()))
+            per_rank = _gather(idx, world)
+            all_losses = sum(_gather(losses, world), [])
+            rec = {"step": step, "epoch": (step * slots * cfg.micro_batch_size) / n,
+                   "loss": sum(all_losses) / len(all_losses),  # the global batch's mean (what the update uses)
                    "lr": float(sched.get_last_lr()[0]) if sched is not None else cfg.lr,
-                   "sample_ids": idx, "seconds": time.perf_counter() - t0, **metrics}
+                   "sample_ids": sum(per_rank, []), "sample_ids_per_rank": per_rank,
+                   "seconds": time.perf_counter() - t0, **metrics}
             if rank == 0:
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
@@ -267,6 +291,15 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                    "num_sequences": n, "world_size": world}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
         shutil.copy(log_path, out / "train_log.jsonl")
+    return out
+
+
+def _gather(values: list, world: int) -> list[list]:
+    """``values`` of every rank, in rank order (all_gather_object; no communication for one process)."""
+    if world == 1:
+        return [list(values)]
+    out: list = [None] * world
+    torch.distributed.all_gather_object(out, list(values))
     return out
 
 

@@ -1,0 +1,50 @@
+"""Shared helpers of the workflow tests: a copy of the project to run Snakemake in, and the Snakemake call."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("DSCOUT_DATA_ROOT", ROOT.parent / "shared" / "data"))
+PROJECT_FILES = ["Snakefile", "config.yaml", "rules", "schemas", "src", "configs", "presets", "envs", "report",
+                 "profiles"]
+
+
+def snakemake(*args, cwd=ROOT, check=True, timeout=900, env=None):
+    """``python -m snakemake ARGS`` in ``cwd``; raises AssertionError with the output tail if it fails."""
+    env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA), "PYTHONUNBUFFERED": "1", **(env or {})}
+    r = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
+                       env=env, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+    return r
+
+
+def copy_project(dest: Path) -> Path:
+    """Copy what a run needs (not results/, not the venv) into ``dest``; returns ``dest``."""
+    for name in PROJECT_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        elif src.exists():
+            shutil.copy(src, dest / name)
+    return dest
+
+
+def jobs_of(dry_run_output: str) -> dict[str, int]:
+    """Job counts from the 'Job stats' table of a (dry) run."""
+    counts, inside = {}, False
+    for line in dry_run_output.splitlines():
+        if line.startswith("job ") and "count" in line:
+            inside = True
+            continue
+        if inside:
+            parts = line.split()
+            if not parts or parts[0].startswith("---"):
+                continue
+            if parts[0] == "total":
+                break
+            counts[parts[0]] = int(parts[1])
+    return counts
