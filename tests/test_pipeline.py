@@ -3,9 +3,6 @@ end in a temporary directory (records -> Table 3 and Figure 2, nothing reschedul
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +10,7 @@ import yaml
 
 from dscout import config as dcfg
 
-from tests.workflow import DATA, ROOT, copy_project, jobs_of as _jobs, snakemake  # noqa: E402,F401
+from tests.workflow import ROOT, copy_project, import_guard_env, jobs_of as _jobs, snakemake
 
 
 def load(*presets):
@@ -66,26 +63,6 @@ def test_code_digest_tracks_stage_sources():
     assert len(dcfg.code_digest("analysis")) == 12
 
 
-SERVE_OWN_PINS = {"torch", "transformers", "tokenizers"}  # envs/serve.yaml follows SGLang's pins for these
-
-
-def test_envs_pin_what_requirements_pin():
-    req = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line:
-            name, ver = line.split("==")
-            req[name.lower()] = ver
-    for env in (ROOT / "envs").glob("*.yaml"):
-        spec = yaml.safe_load(env.read_text())
-        pins = [p for d in spec["dependencies"] if isinstance(d, dict) for p in d.get("pip", [])]
-        for p in pins:
-            if "==" in p:
-                name, ver = p.split("==")
-                if name.lower() in req and not (env.stem == "serve" and name.lower() in SERVE_OWN_PINS):
-                    assert req[name.lower()] == ver, f"{env.name}: {name} {ver} != requirements {req[name.lower()]}"
-
-
 # ------------------------------------------------------------------------------------------- DAG
 def test_lint_is_clean():
     r = snakemake("--lint", check=False)
@@ -130,7 +107,9 @@ def test_imported_drafters_need_no_responses():
 def smoke_run(tmp_path_factory):
     """The smoke preset run end to end in a copy of the project (results/ stays out of the checkout)."""
     work = copy_project(tmp_path_factory.mktemp("smoke"))
-    r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900)
+    # every job runs with the packages its rule's conda env lacks made unimportable (tests/import_guard)
+    r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900,
+                  env=import_guard_env(work, ["presets/smoke.yaml", "presets/smoke_artifacts.yaml"]))
     # right away (before the artifacts extension adds temperature-1 records): a second run schedules nothing
     r.second_run = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)
     return work, r
@@ -141,7 +120,7 @@ def smoke_artifacts_run(smoke_run):
     """The remaining artifacts (Tables 1, 2, 4; Figures 3, 4, 5, 7) on top of the finished smoke run."""
     work, _ = smoke_run
     r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", "presets/smoke_artifacts.yaml", cwd=work,
-                  timeout=900)
+                  timeout=900, env=import_guard_env(work, ["presets/smoke.yaml", "presets/smoke_artifacts.yaml"]))
     jobs = _jobs(r.stdout + r.stderr)
     return work, jobs
 

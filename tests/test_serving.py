@@ -1,20 +1,69 @@
-"""The SGLang path's pure parts (no GPU, no SGLang): server command lines and record conversion."""
+"""The SGLang path without a GPU: every server command line parsed by the pinned SGLang's own argument parser,
+and the record conversion."""
 
+import pytest
+
+from dscout import config as dcfg
 from dscout.analysis.aggregate import summarize
 from dscout.bench.serving import record_from_response, server_command
+from dscout.cli import sglang_serving_methods
+from tests import sglang_parser
+from tests.workflow import ROOT
 
 
-def test_server_commands_per_method():
-    ar = server_command("Qwen/Qwen3-8B", {"kind": "ar"}, 30000, 8)
-    assert "--speculative-algorithm" not in ar and ar[ar.index("--port") + 1] == "30000"
-    assert ar[ar.index("--host") + 1] == "127.0.0.1"  # loopback only
-    ds = server_command("Qwen/Qwen3-8B", {"kind": "dscout", "block_size": 32}, 30001, 16, "results/drafters/x")
-    assert ds[ds.index("--speculative-algorithm") + 1] == "DFLASH"
-    assert ds[ds.index("--speculative-num-draft-tokens") + 1] == "32"
-    assert ds[ds.index("--speculative-draft-model-path") + 1] == "results/drafters/x"
-    assert ds[ds.index("--cuda-graph-max-bs") + 1] == "32"  # >= 32 so batches never fall back to eager
-    e3 = server_command("Qwen/Qwen3-8B", {"kind": "eagle3", "block_size": 60}, 30002, 1, "AngelSlim/Qwen3-8B_eagle3")
-    assert e3[e3.index("--speculative-eagle-topk") + 1] == "10" and e3[e3.index("--speculative-num-steps") + 1] == "7"
+def _paper_server_commands():
+    """Every ``sglang.launch_server`` command the paper preset's Table 4 jobs build, per concurrency level."""
+    cfg = dcfg.load_config(ROOT / "config.yaml", ROOT / "presets" / "paper.yaml")
+    L = cfg["target"]["num_layers"]
+    ids = {n: dcfg.drafter_id(cfg, n, L) for n in cfg["drafters"]}
+    stage = dcfg.serving_stage(cfg, ids)
+    drafters = {"dflash": f"results/drafters/{ids['dflash']}", "dscout": f"results/drafters/{ids['dscout']}"}
+    out = []
+    for c in cfg["concurrency"]:
+        for key, method, ddir in sglang_serving_methods(stage, drafters):
+            cmd = server_command(stage["target_source"], method, 30000, c, ddir)
+            assert cmd[1:3] == ["-m", "sglang.launch_server"]
+            out.append((c, key, method, ddir, cmd[3:]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def parsed():
+    cmds = _paper_server_commands()
+    return cmds, sglang_parser.parse([argv for *_, argv in cmds])
+
+
+def test_every_server_command_parses_with_sglangs_parser(parsed):
+    cmds, results = parsed
+    kinds = {m["kind"] for _, _, m, _, _ in cmds}
+    assert kinds == {"ar", "eagle3", "dflash", "dscout"}  # AR, EAGLE-3, DFlash and DScout are all served
+    for (c, key, method, ddir, _), res in zip(cmds, results):
+        assert "error" not in res, f"{key} at c={c}: {res['error']}"
+        a = res["args"]
+        assert a["host"] == "127.0.0.1" and a["port"] == 30000  # loopback only
+        assert a["model_path"] == "Qwen/Qwen3-8B" and a["dtype"] == "bfloat16"
+        assert a["cuda_graph_max_bs_decode"] >= max(c, 32) and a["max_running_requests"] >= c
+        if method["kind"] == "ar":
+            assert res["algorithm"] is None and a["speculative_draft_model_path"] is None
+            continue
+        assert a["speculative_draft_model_path"] == ddir
+        assert a["speculative_num_draft_tokens"] == method["block_size"]
+        if method["kind"] == "eagle3":
+            assert res["algorithm"] == "EAGLE3" and ddir == "AngelSlim/Qwen3-8B_eagle3"
+            assert a["speculative_eagle_topk"] == 10 and a["speculative_num_steps"] == 6
+        else:
+            assert res["algorithm"] == "DFLASH"
+
+
+def test_sglangs_parser_rejects_what_it_does_not_know():
+    """The check can fail: the flag this project used before SGLang 0.5.2x split it is refused, PARD is unknown."""
+    base = ["--model-path", "Qwen/Qwen3-8B"]
+    old, pard = sglang_parser.parse([base + ["--cuda-graph-max-bs", "32"],
+                                     base + ["--speculative-algorithm", "PARD"]])
+    assert "ambiguous option" in old["error"] or "unrecognized" in old["error"]
+    assert "PARD" in pard["error"]
+    with pytest.raises(KeyError, match="no SGLang server"):
+        server_command("Qwen/Qwen3-8B", {"kind": "pard2", "block_size": 8}, 30000, 1)
 
 
 def _resp(n, verify=None, hist=None, latency=2.0):

@@ -48,3 +48,19 @@ def jobs_of(dry_run_output: str) -> dict[str, int]:
                 break
             counts[parts[0]] = int(parts[1])
     return counts
+
+
+def import_guard_env(work: Path, configfiles: list[str]) -> dict[str, str]:
+    """Environment variables that make each job's missing packages unimportable (see tests/import_guard).
+
+    The mapping (CLI subcommand -> packages its rule's env lacks) is computed from the workflow's rules and pip's
+    resolution of ``envs/*.yaml`` for ``configfiles``, and written to ``work/import_guard.json``.
+    """
+    import json
+
+    from tests.envs import guard_mapping
+
+    mapping = guard_mapping(["config.yaml", *configfiles], cwd=work)
+    path = work / "import_guard.json"
+    path.write_text(json.dumps(mapping, indent=1))
+    return {"DSCOUT_IMPORT_GUARD": str(path), "PYTHONPATH": str(ROOT / "tests" / "import_guard")}

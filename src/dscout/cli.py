@@ -245,6 +245,25 @@ def cmd_fig3(a):
     write_fig3(a.search, a.records, a.out_prefix, json.loads(a.stage))
 
 
+def sglang_serving_methods(stage: dict, drafters: dict[str, str]) -> list[tuple[str, dict, str | None]]:
+    """Table 4's SGLang servers: ``(key, method, drafter path or hub id)`` for AR, [EAGLE-3,] DFlash(16), DScout(bs).
+
+    EAGLE-3 is served from its published checkpoint (SGLang's EAGLE3 loads the hub id); DFlash and DScout from
+    the drafters this workflow trained (DFLASH checkpoint layout).
+    """
+    methods = [("ar", {"kind": "ar"}, None)]
+    if stage.get("eagle3"):
+        e = stage["eagle3"]
+        methods.append((f"eagle3-k{e['topk']}-d{e['num_steps']}-n{e['block_size']}",
+                        {"kind": "eagle3", "block_size": e["block_size"], "topk": e["topk"],
+                         "num_steps": e["num_steps"], "drafter_id": e["drafter"]}, e["checkpoint"]))
+    methods.append(("dflash-bs16", {"kind": "dflash", "block_size": 16, "drafter_id": stage["dflash"]},
+                    drafters["dflash"]))
+    methods += [(f"dscout-bs{bs}", {"kind": "dscout", "block_size": bs, "drafter_id": stage["dscout"]},
+                 drafters["dscout"]) for bs in stage["block_sizes"]]
+    return methods
+
+
 def cmd_serve_cpu(a):
     from dscout.batched.serving import serving_records, write_records
     from dscout.config import write_resolved
@@ -276,10 +295,7 @@ def cmd_serve_cpu(a):
 
         reqs = [{"benchmark": it.benchmark, "prompt_id": pid, "turn": 0, "input_ids": p}
                 for it, pid, p in zip(pool, ids, prompts)]
-        methods = [("ar", {"kind": "ar"}, None), ("dflash-bs16", {"kind": "dflash", "block_size": 16},
-                                                   drafters["dflash"])]
-        methods += [(f"dscout-bs{bs}", {"kind": "dscout", "block_size": bs}, drafters["dscout"])
-                    for bs in st["block_sizes"]]
+        methods = sglang_serving_methods(st, drafters)
         records = []
         for key, method, ddir in methods:
             recs, summary = serve_benchmark(st["target_source"], {**method, "key": key}, reqs,
@@ -288,7 +304,7 @@ def cmd_serve_cpu(a):
                                             log_path=Path(a.out).with_suffix(f".{key}.server.log"))
             for r in recs:  # Table 4 reads throughput = tokens / wall of the whole closed loop
                 r.update(method_key=key, method_name=key, batch_decode_seconds=summary["wall_seconds"],
-                         drafter=(st["dscout"] if method["kind"] == "dscout" else st["dflash"]) if ddir else None)
+                         drafter=method.get("drafter_id"))
             records += recs
         write_records(records, a.out)
         write_resolved(Path(a.out).with_suffix(".resolved.json"), st)

@@ -159,8 +159,14 @@ def check_plan(config: dict, source: str = "config") -> None:
         horizon_check("serving.dflash_drafter", s["dflash_drafter"], 16)
         for bs in s.get("block_sizes", []):
             horizon_check("serving.block_sizes", s["dscout_drafter"], bs)
-        if s.get("eagle3_drafter") and s["eagle3_drafter"] not in drafters:
-            problems.append(f"serving.eagle3_drafter: '{s['eagle3_drafter']}' is not a key of 'drafters'")
+        e3 = s.get("eagle3_drafter")
+        if e3 and e3 not in drafters:
+            problems.append(f"serving.eagle3_drafter: '{e3}' is not a key of 'drafters'")
+        elif e3 and (s.get("backend") != "sglang" or not drafters[e3].get("pretrained")
+                     or drafters[e3].get("kind") != "eagle3"):
+            problems.append(f"serving.eagle3_drafter: '{e3}' must be a published EAGLE-3 checkpoint (kind eagle3, "
+                            "pretrained: <hub id>) served with serving.backend: sglang (the batched CPU engine "
+                            "serves no trees)")
     d = config.get("depth_search", {})
     if d.get("enabled"):
         from .training.recipes import get_recipe
@@ -407,7 +413,14 @@ def depth_search_stage(cfg: dict, num_target_layers: int) -> dict:
 def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     """What Table 4's records depend on: target, drafters, prompt pool, candidates and concurrency levels."""
     s, b, t = cfg["serving"], cfg["benchmarks"], cfg["target"]
-    return {"target": target_id(cfg), "target_source": t["source"], "backend": s["backend"],
+    extra = {}
+    if s.get("eagle3_drafter"):  # only when set, so that configs without it keep their ids
+        name = s["eagle3_drafter"]
+        row = next((m for m in cfg["methods"] if m["kind"] == "eagle3" and m.get("drafter") == name), {})
+        extra["eagle3"] = {"drafter": drafter_ids[name], "checkpoint": cfg["drafters"][name]["pretrained"],
+                           "block_size": row.get("block_size", 60), "topk": row.get("topk", 10),
+                           "num_steps": row.get("depth", 7)}
+    return {**extra, "target": target_id(cfg), "target_source": t["source"], "backend": s["backend"],
             "dflash": drafter_ids[s["dflash_drafter"]],
             "dscout": drafter_ids[s["dscout_drafter"]], "block_sizes": sorted(s["block_sizes"]),
             "benchmarks": s["benchmarks"], "pool_size": max(cfg["concurrency"]), "max_new_tokens": s["max_new_tokens"],

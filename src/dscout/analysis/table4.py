@@ -1,12 +1,42 @@
-"""Table 4: serving at concurrency c (AR, DFlash(16), DScout(16), DScout(32), DScout(best)), from raw records."""
+"""Table 4: serving at concurrency c (AR, [EAGLE-3,] DFlash(16), DScout(16), DScout(32), DScout(best)), from records."""
 
 from __future__ import annotations
 
 import csv
+from collections import defaultdict
 from pathlib import Path
 
 from . import paper
 from .aggregate import load_records
+
+
+def throughput_table(records: list[dict]) -> dict[int, dict[str, dict]]:
+    """``c -> method key -> {throughput, mat, speedup, block_size, kind}``; speedup vs AR at the same c.
+
+    Throughput = committed decode tokens of the level's requests / the level's wall time (``batch_decode_seconds``:
+    the batched engine's batch, or the SGLang client's closed loop). Torch-free: Table 4 renders in the plot env.
+
+    Raises:
+        ValueError: if a concurrency level has no AR records.
+    """
+    by = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        by[r["concurrency"]][r["method_key"]].append(r)
+    out = {}
+    for c, methods in sorted(by.items()):
+        row = {}
+        for key, rs in methods.items():
+            tokens = sum(r["new_tokens"] - 1 for r in rs)
+            seconds = rs[0]["batch_decode_seconds"]
+            rounds = [n for r in rs for n in r["accept_lengths"]]
+            row[key] = {"throughput": tokens / max(seconds, 1e-9), "mat": sum(rounds) / max(len(rounds), 1),
+                        "block_size": rs[0]["block_size"], "kind": rs[0]["method"]}
+        if "ar" not in row:
+            raise ValueError(f"no AR run at concurrency {c}")
+        for v in row.values():
+            v["speedup"] = v["throughput"] / row["ar"]["throughput"]
+        out[c] = row
+    return out
 
 
 def table4_rows(records: list[dict]) -> list[dict]:
@@ -15,16 +45,15 @@ def table4_rows(records: list[dict]) -> list[dict]:
     DScout(best) = the DScout bs with the highest measured throughput at that c; the gain of selection is
     ``G_best / G_DScout(16) - 1``.
     """
-    from ..batched.serving import throughput_table
-
     rows = []
     for c, m in throughput_table(records).items():
         dscout = {k: v for k, v in m.items() if v["kind"] == "dscout"}
         best_key = max(dscout, key=lambda k: dscout[k]["throughput"]) if dscout else None
         fixed16 = next((v for v in dscout.values() if v["block_size"] == 16), None)
         row = {"concurrency": c, "ar_tokens_per_s": m["ar"]["throughput"]}
-        for label, bs, kind in (("dflash16", 16, "dflash"), ("dscout16", 16, "dscout"), ("dscout32", 32, "dscout")):
-            v = next((v for v in m.values() if v["kind"] == kind and v["block_size"] == bs), None)
+        for label, bs, kind in (("dflash16", 16, "dflash"), ("dscout16", 16, "dscout"), ("dscout32", 32, "dscout"),
+                                ("eagle3", None, "eagle3")):
+            v = next((v for v in m.values() if v["kind"] == kind and (bs is None or v["block_size"] == bs)), None)
             row[f"{label}_speedup"] = v["speedup"] if v else None
             row[f"{label}_mat"] = v["mat"] if v else None
         row["best_bs"] = dscout[best_key]["block_size"] if best_key else None
@@ -49,18 +78,27 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    head = ["c", "AR (tok/s)", "DFlash(16)", "DScout(16)", "DScout(32)", "DScout(best)", "best bs",
-            "gain of selection"]
+    eagle3 = any(r["eagle3_speedup"] is not None for r in rows)
+    head = ["c", "AR (tok/s)", *(["EAGLE-3"] if eagle3 else []), "DFlash(16)", "DScout(16)", "DScout(32)",
+            "DScout(best)", "best bs", "gain of selection"]
     cells = [[str(r["concurrency"]), _f(r["ar_tokens_per_s"], "{:.1f}"),
+              *([f"{_f(r['eagle3_speedup'])}× τ{_f(r['eagle3_mat'])}"] if eagle3 else []),
               f"{_f(r['dflash16_speedup'])}× τ{_f(r['dflash16_mat'])}",
               f"{_f(r['dscout16_speedup'])}× τ{_f(r['dscout16_mat'])}",
               f"{_f(r['dscout32_speedup'])}× τ{_f(r['dscout32_mat'])}",
               f"{_f(r['best_speedup'])}× τ{_f(r['best_mat'])}", str(r["best_bs"]),
               _f(None if r["selection_gain"] is None else 100 * r["selection_gain"], "{:+.1f}%")] for r in rows]
-    caption = (f"Measured on {stage.get('target', 'the target')} (CPU, batched engine: the c requests of each level "
-               f"decoded together, greedy, {stage.get('max_new_tokens', '?')} new tokens each, prompts pooled from "
-               f"{', '.join(stage.get('benchmarks', []))}). Speedup = method throughput / AR throughput at the same "
-               "c; DScout(best) picks bs per c from the measured throughput; computed from results/serving/ records.")
+    if stage.get("backend") == "sglang":
+        how = ("SGLang servers, one per method on loopback: AR, EAGLE-3 (EAGLE3), DFlash and DScout (DFLASH), "
+               "closed-loop client with c requests in flight")
+    else:
+        how = "CPU, this project's batched engine: the c requests of each level decoded together"
+    caption = (f"Measured on {stage.get('target', 'the target')} ({how}; greedy, {stage.get('max_new_tokens', '?')} "
+               f"new tokens each, prompts pooled from {', '.join(stage.get('benchmarks', []))}). Speedup = method "
+               "throughput / AR throughput at the same c; DScout(best) picks bs per c from the measured throughput; "
+               "computed from results/serving/ records. PARD-2 is not in this table: SGLang has no PARD algorithm "
+               "(vLLM serves PARD through its parallel-drafting path, which this workflow does not run); its "
+               "single-request speed is in Table 3.")
     md = ["# Table 4 — serving throughput at concurrency c", "", caption, "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(c) + " |" for c in cells]

@@ -10,7 +10,6 @@ the highest measured throughput at that c (dscout.md §3: the best bs depends on
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from pathlib import Path
 
 from .engine import BatchedSpeculativeEngine
@@ -45,28 +44,6 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
                 "batch_throughput": out.throughput, "accept_lengths": r.accept_lengths, "output_ids": r.output_ids,
                 "stop_reason": r.stop_reason})
     return records
-
-
-def throughput_table(records: list[dict]) -> dict[int, dict[str, dict]]:
-    """``c -> method key -> {throughput, mat, speedup, block_size, kind}``; speedup vs AR at the same c."""
-    by = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        by[r["concurrency"]][r["method_key"]].append(r)
-    out = {}
-    for c, methods in sorted(by.items()):
-        row = {}
-        for key, rs in methods.items():
-            tokens = sum(r["new_tokens"] - 1 for r in rs)
-            seconds = rs[0]["batch_decode_seconds"]
-            rounds = [n for r in rs for n in r["accept_lengths"]]
-            row[key] = {"throughput": tokens / max(seconds, 1e-9), "mat": sum(rounds) / max(len(rounds), 1),
-                        "block_size": rs[0]["block_size"], "kind": rs[0]["method"]}
-        if "ar" not in row:
-            raise ValueError(f"no AR run at concurrency {c}")
-        for v in row.values():
-            v["speedup"] = v["throughput"] / row["ar"]["throughput"]
-        out[c] = row
-    return out
 
 
 def write_records(records: list[dict], path: str | Path) -> None:

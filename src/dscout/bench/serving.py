@@ -13,8 +13,9 @@ Written against SGLang 0.5.23 (``envs/serve.yaml``; DFLASH exists since 0.5.11):
   ``spec_accept_length`` (= completion tokens / verify rounds, bonus included; baselines-reference §4); the
   records use the project's schema so Tables 3 and 4 are computed by the same code on both paths.
 
-Nothing here runs on the CPU default; ``tests/test_serving.py`` checks the command lines and the record
-conversion without SGLang.
+Nothing here runs on the CPU default; ``tests/test_serving.py`` parses every server command line with the pinned
+SGLang's own argument parser (its wheel installed without dependencies, plus what ``server_args`` imports) and
+checks the record conversion.
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ def server_command(target: str, method: dict, port: int, concurrency: int, draft
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--host", "127.0.0.1",
            "--port", str(port), "--dtype", "bfloat16", "--tp-size", "1", "--mem-fraction-static", str(mem_fraction),
            "--attention-backend", attention_backend, "--max-running-requests", str(max(concurrency, 32)),
-           "--cuda-graph-max-bs", str(max(concurrency, 32)), "--trust-remote-code"]
+           # decode batches up to this size replay CUDA graphs (SGLang >= 0.5.2x splits the old --cuda-graph-max-bs
+           # into -decode / -prefill); >= 32 so no concurrency level of Table 4 falls back to eager decoding
+           "--cuda-graph-max-bs-decode", str(max(concurrency, 32)), "--trust-remote-code"]
     kind = method["kind"]
     if kind in ("dflash", "dscout"):
         cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter_dir),

@@ -20,6 +20,10 @@ step since the DFlash recipe names B = 16 "or 32". The ``mixed_*`` recipes are T
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported lazily: the recipe table is read at plan time
+    import torch
 
 
 WEIGHTINGS = ("none", "decay", "awl")
