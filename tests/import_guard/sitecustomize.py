@@ -8,7 +8,8 @@ Two switches, both environment variables:
   (``tests/envs.py`` builds it from the workflow's rules and pip's resolution of ``envs/*.yaml``); a process
   running ``src/dscout/cli.py <subcommand>`` (directly or under DeepSpeed's launcher) gets those blocked.
 
-A blocked import raises ModuleNotFoundError naming the env, exactly what the job would meet inside that env.
+A blocked package looks absent (ModuleNotFoundError on import, None from find_spec): what the job would meet
+inside that env.
 """
 
 import importlib.abc
@@ -17,14 +18,40 @@ import os
 import sys
 
 
-class _Blocker(importlib.abc.MetaPathFinder):
-    def __init__(self, blocked, why):
-        self.blocked, self.why = set(blocked), why
+class _Hidden(importlib.abc.MetaPathFinder):
+    """Wraps a finder so that blocked top-level packages look absent: ``import`` raises ModuleNotFoundError and
+    ``importlib.util.find_spec`` returns None, exactly as in an env without them (libraries probe optional
+    packages with find_spec)."""
+
+    def __init__(self, finder, blocked):
+        self.finder, self.blocked = finder, blocked
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname.split(".")[0] in self.blocked:
-            raise ModuleNotFoundError(f"No module named '{fullname}' ({self.why})", name=fullname)
-        return None
+            return None
+        return self.finder.find_spec(fullname, path, target)
+
+    def invalidate_caches(self):
+        if hasattr(self.finder, "invalidate_caches"):
+            self.finder.invalidate_caches()
+
+    def find_distributions(self, *args, **kwargs):  # importlib.metadata: no metadata of a blocked package either
+        find = getattr(self.finder, "find_distributions", None)
+        for dist in find(*args, **kwargs) if find else ():
+            name = (dist.metadata["Name"] or "").lower().replace("-", "_")
+            if name not in self.blocked:
+                yield dist
+
+    def __getattr__(self, name):  # find_distributions (importlib.metadata) and the like: the wrapped finder's
+        return getattr(self.finder, name)
+
+
+def _hide(blocked):
+    blocked = set(blocked)
+    sys.meta_path[:] = [f if not hasattr(f, "find_spec") else _Hidden(f, blocked) for f in sys.meta_path]
+    for name in list(sys.modules):
+        if name.split(".")[0] in blocked:
+            del sys.modules[name]
 
 
 def _subcommand(argv):
@@ -35,15 +62,15 @@ def _subcommand(argv):
 
 def _install():
     blocked = [m for m in os.environ.get("DSCOUT_BLOCK_IMPORTS", "").split(",") if m]
-    if blocked:
-        sys.meta_path.insert(0, _Blocker(blocked, "blocked by DSCOUT_BLOCK_IMPORTS"))
     guard = os.environ.get("DSCOUT_IMPORT_GUARD")
     sub = _subcommand(getattr(sys, "argv", []))
     if guard and sub:
         mapping = json.loads(open(guard).read())
         if sub in mapping:
-            entry = mapping[sub]
-            sys.meta_path.insert(0, _Blocker(entry["blocked"], f"not in {entry['env']}, the env of `dscout {sub}`"))
+            blocked += mapping[sub]["blocked"]
+            os.environ["DSCOUT_IMPORT_GUARD_ENV"] = mapping[sub]["env"]  # for error messages of the job's log
+    if blocked:
+        _hide(blocked)
 
 
 _install()
