@@ -1,0 +1,60 @@
+"""Mistakes that only the combination of config values shows stop the plan before any job, naming the key."""
+
+import copy
+
+import pytest
+import yaml
+
+from dscout import config as dcfg
+from tests.workflow import ROOT, snakemake
+
+
+def _base():
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    return dcfg.validate_config(dcfg.deep_merge(cfg, yaml.safe_load((ROOT / "presets" / "smoke.yaml").read_text())))
+
+
+@pytest.mark.parametrize("patch, message", [
+    ({"methods": [{"name": "DFlash(32)", "kind": "dflash", "drafter": "dflash", "block_size": 32}]},
+     r"methods\[0\].block_size: block size 32 exceeds the largest training horizon 16 of drafter 'dflash'"),
+    ({"target": {"mask_token_id": 49152}}, r"target.mask_token_id: 49152 is outside the vocabulary \[0, 49152\)"),
+    ({"data_root": "/nonexistent/data"}, r"data_root: the data folder /nonexistent/data does not exist"),
+    ({"serving": {"enabled": True, "block_sizes": [8, 64]}},
+     r"serving.block_sizes: block size 64 exceeds the largest training horizon 32 of drafter 'dscout'"),
+    ({"serving": {"enabled": True, "eagle3_drafter": "eagle3"}}, r"serving.eagle3_drafter: 'eagle3' must be a published"),
+    ({"depth_search": {"enabled": True, "recipe": "dflash", "block_size": 24}},
+     r"depth_search.block_size: 24 exceeds the largest training horizon 16"),
+])
+def test_check_plan_names_the_key(patch, message, monkeypatch):
+    if "data_root" in patch:
+        monkeypatch.delenv("DSCOUT_DATA_ROOT", raising=False)
+    cfg = dcfg.deep_merge(_base(), patch)
+    with pytest.raises(ValueError, match=message):
+        dcfg.check_plan(cfg)
+
+
+def test_shipped_configs_pass_the_plan_checks():
+    for presets in ([], ["smoke.yaml"], ["smoke.yaml", "smoke_artifacts.yaml"], ["paper.yaml"]):
+        cfg = dcfg.load_config(ROOT / "config.yaml", *[ROOT / "presets" / p for p in presets])
+        dcfg.check_plan(cfg)  # raises on any problem
+
+
+def test_missing_benchmark_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSCOUT_DATA_ROOT", str(tmp_path))  # exists, but holds nothing
+    with pytest.raises(ValueError, match=r"benchmarks.names: needs .*gsm8k/test.jsonl"):
+        dcfg.check_plan(copy.deepcopy(_base()))
+
+
+@pytest.mark.parametrize("bad", [
+    "methods: [{name: 'DScout(64)', kind: dscout, drafter: dscout, block_size: 64}]\n",
+    "target: {mask_token_id: 60000}\n",
+    "data_root: /nonexistent/data\n",
+])
+def test_snakemake_stops_before_any_job(bad, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(bad)
+    env = {"DSCOUT_DATA_ROOT": ""} if "data_root" in bad else None
+    r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(path), check=False, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "invalid configuration" in out and "Job stats" not in out
+    assert ("methods[0].block_size" in out) or ("target.mask_token_id" in out) or ("data_root" in out)
