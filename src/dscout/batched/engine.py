@@ -149,12 +149,14 @@ class BatchedSpeculativeEngine:
                 if proposers[i] is not None:
                     proposers[i].commit(out.taps[i, : n + 1], vids[i, : n + 1])
                 res = results[i]
-                res.accept_lengths.append(n + 1)
+                emitted = 0  # a stop inside the accepted block ends the round there: count what was committed
                 for tok in drafts[i][:n].tolist() + [bonus]:
                     res.output_ids.append(tok)
+                    emitted += 1
                     if tok in self.stop_token_ids:
                         res.stop_reason = "stop_token"
                         break
+                res.accept_lengths.append(emitted)
                 length[i] += n + 1
                 last[i] = bonus
                 if res.stop_reason == "stop_token" or len(res.output_ids) >= max_new_tokens:

@@ -37,7 +37,8 @@ class GenerationResult:
 
     Attributes:
         output_ids: generated token ids (the prompt excluded; a stop token, if hit, included last).
-        accept_lengths: tokens committed per draft round (accepted drafts + bonus), one int per round.
+        accept_lengths: tokens committed per draft round (accepted drafts + bonus, cut at a stop token), one int
+            per round; ``sum(accept_lengths) == len(output_ids) - 1``.
         draft_seconds, verify_seconds: per round.
         prefill_seconds: target prefill + first token + the proposer's prompt-context write.
         prefill_reused: the target's prefill came from a ``prefill_store`` (its seconds are those measured
@@ -181,13 +182,14 @@ class SpeculativeEngine:
             n_acc = len(accepted)
             res.draft_seconds.append((tb - ta) + (td - tc))
             res.verify_seconds.append(tc - tb)
-            res.accept_lengths.append(n_acc + 1)
-            new = accepted + [bonus]
-            for tok in new:
+            emitted = 0  # a stop token inside the accepted block ends the round there: count what was committed
+            for tok in accepted + [bonus]:
                 res.output_ids.append(tok)
+                emitted += 1
                 if tok in self.stop_token_ids:
                     res.stop_reason = "stop_token"
                     break
+            res.accept_lengths.append(emitted)
             if res.stop_reason == "stop_token":
                 break
             position += n_acc + 1
