@@ -27,8 +27,10 @@ def load_proposer(spec: dict, drafter_dir: str, target):
     if kind == "eagle3":
         from ..decoding.eagle3_proposer import Eagle3Proposer
         from ..models.eagle3 import Eagle3Drafter
+        from ..models.strict import load_strict
 
-        drafter = Eagle3Drafter.from_pretrained(drafter_dir).to(target.device, target.dtype).attach_target(target)
+        drafter = load_strict(Eagle3Drafter, drafter_dir, "EAGLE-3 drafter")
+        drafter = drafter.to(target.device, target.dtype).attach_target(target)
         return Eagle3Proposer(drafter, topk=spec.get("topk", 10), depth=spec.get("depth", 7))
     if kind == "pard2":
         from ..decoding.pard_proposer import Pard2Proposer

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .linear import project
+from .strict import load_strict
 from .layer_ids import FINAL, PARD2_TARGET_LAYERS, resolve_feature_layers  # noqa: F401  (re-exported)
 
 
@@ -242,7 +243,7 @@ class Pard2Drafter(nn.Module):
         kwargs = {"dtype": dtype}
         if sub:
             kwargs["subfolder"] = sub
-        lm = AutoModelForCausalLM.from_pretrained(str(path_or_id), **kwargs).to(device)
+        lm = load_strict(AutoModelForCausalLM, path_or_id, "PARD-2 drafter LM", **kwargs).to(device)
         hc = lm.config
         warp = torch.load(_file("warp_model.bin"), map_location="cpu", weights_only=True)
         mats = [v for v in (warp.values() if isinstance(warp, dict) else [warp]) if v.ndim == 2]
@@ -309,7 +310,7 @@ class Pard2Drafter(nn.Module):
             dtype = dtype or target.dtype
             device = device or target.device
         dtype = dtype or torch.float32
-        lm = AutoModelForCausalLM.from_pretrained(str(path / LM_DIR), dtype=dtype)
+        lm = load_strict(AutoModelForCausalLM, path / LM_DIR, "PARD-2 drafter LM", dtype=dtype)
         if device is not None:
             lm = lm.to(device)
         d = cls(cfg, lm)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .linear import project
+from .strict import load_strict
 from .layer_ids import default_target_layer_ids  # noqa: F401  (re-exported)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -86,7 +87,7 @@ class TargetModel:
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+            model = load_strict(AutoModelForCausalLM, path, "target model", **kwargs)
         except OSError as err:  # make the path obvious in the message
             raise OSError(f"cannot load target model from '{path}': {err}") from err
         tok = AutoTokenizer.from_pretrained(str(path))
