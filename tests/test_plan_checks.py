@@ -58,3 +58,10 @@ def test_snakemake_stops_before_any_job(bad, tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "invalid configuration" in out and "Job stats" not in out
     assert ("methods[0].block_size" in out) or ("target.mask_token_id" in out) or ("data_root" in out)
+
+
+def test_smoke_preset_trains_every_drafter_a_handful_of_steps():
+    """Per-drafter overrides win over the global training block, so the smoke preset sets them explicitly."""
+    cfg = dcfg.load_config(ROOT / "config.yaml", ROOT / "presets" / "smoke.yaml")
+    for name in cfg["drafters"]:
+        assert dcfg.drafter_variant(cfg, name)["training"]["max_steps"] <= 6, name

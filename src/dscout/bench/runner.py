@@ -54,22 +54,25 @@ def _seed(*parts) -> int:
 
 
 @torch.no_grad()
-def near_tie(target, context_ids: list[int], a: list[int], b: list[int], epsilon: float) -> tuple[bool, int | None]:
+def near_tie(target, context_ids: list[int], a: list[int], b: list[int], epsilon: float
+             ) -> tuple[bool, int | None, float | None]:
     """Is the first difference between outputs ``a`` and ``b`` a floating-point near-tie of the target?
 
     At the first differing position the target's top-2 logits (given the common prefix) must differ by less
-    than ``epsilon``. Returns ``(is_near_tie, first_mismatch_index)``; ``(False, None)`` when a == b.
+    than ``epsilon``. Returns ``(is_near_tie, first_mismatch_index, top1 - top2 logit gap)`` — the gap is stored
+    in the record so a reader can re-judge with another epsilon; ``(False, None, None)`` when a == b.
     """
     n = min(len(a), len(b))
     i = next((k for k in range(n) if a[k] != b[k]), None)
     if i is None:
         if len(a) == len(b):
-            return False, None
+            return False, None, None
         i = n  # one stopped earlier: the stop token itself is the difference
     ids = torch.tensor([context_ids + a[:i]], device=target.device)
     logits = target(ids).logits[0, -1].float()
     top2 = torch.topk(logits, 2).values
-    return bool(top2[0] - top2[1] < epsilon), i
+    gap = float(top2[0] - top2[1])
+    return gap < epsilon, i, gap
 
 
 def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt], *, benchmark: str,
@@ -126,14 +129,15 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
                        "draft_seconds": sum(r.draft_seconds), "verify_seconds": sum(r.verify_seconds),
                        "accept_lengths": r.accept_lengths, "output_ids": r.output_ids, "output_text": text,
                        "stop_reason": r.stop_reason, "seed": seed, "runtime": runtime,
-                       "matches_ar": None, "near_tie": None, "first_mismatch": None, "correct": None}
+                       "matches_ar": None, "near_tie": None, "first_mismatch": None, "top2_logit_gap": None,
+                       "correct": None}
                 if m.kind == "ar":
                     ar_out = r.output_ids
                 elif temperature == 0:
                     rec["matches_ar"] = r.output_ids == ar_out
                     if not rec["matches_ar"]:
-                        rec["near_tie"], rec["first_mismatch"] = near_tie(target, ids, ar_out, r.output_ids,
-                                                                          near_tie_epsilon)
+                        rec["near_tie"], rec["first_mismatch"], rec["top2_logit_gap"] = near_tie(
+                            target, ids, ar_out, r.output_ids, near_tie_epsilon)
                 if score_outputs and turn == len(item.turns) - 1:
                     rec["correct"] = score(benchmark, text, item.reference, execute_code)
                 records[m.key].append(rec)

@@ -30,6 +30,7 @@ import os
 import shutil
 import socket
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -218,6 +219,11 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     else:
         raise ValueError("train_drafter needs a feature_cache or sequences")
     n = len(source)
+    mask_hits = count_token(source, cfg.mask_token_id) if cfg.kind in ("dflash", "dscout", "pard2") else 0
+    if mask_hits and rank == 0:
+        warnings.warn(f"the mask token id {cfg.mask_token_id} (target.mask_token_id) occurs {mask_hits} times in "
+                      "the training sequences: the drafter cannot tell those real tokens from masked slots; pick "
+                      "an id that never occurs (an unused special token)", stacklevel=2)
     method.prepare(source, target)
     gas = cfg.gradient_accumulation_steps
     slots = world * gas
@@ -288,10 +294,15 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                    "train_seconds": sum(json.loads(l)["seconds"] for l in log_path.read_text().splitlines()
                                         if l.strip()),
                    "drafter_parameters": sum(p.numel() for p in model.parameters()),
-                   "num_sequences": n, "world_size": world}
+                   "num_sequences": n, "world_size": world, "mask_token_occurrences": mask_hits}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
         shutil.copy(log_path, out / "train_log.jsonl")
     return out
+
+
+def count_token(source, token_id: int) -> int:
+    """Occurrences of ``token_id`` in every training sequence of ``source`` (prompt and response tokens)."""
+    return sum(int((source.tokens(i)[0] == token_id).sum()) for i in range(len(source)))
 
 
 def _gather(values: list, world: int) -> list[list]:
