@@ -219,8 +219,9 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     else:
         raise ValueError("train_drafter needs a feature_cache or sequences")
     n = len(source)
-    mask_hits = count_token(source, cfg.mask_token_id) if cfg.kind in ("dflash", "dscout", "pard2") else 0
-    if mask_hits and rank == 0:
+    uses_mask = cfg.kind in ("dflash", "dscout", "pard2")
+    mask_hits = count_token(source, cfg.mask_token_id) if uses_mask and rank == 0 else 0
+    if mask_hits:
         warnings.warn(f"the mask token id {cfg.mask_token_id} (target.mask_token_id) occurs {mask_hits} times in "
                       "the training sequences: the drafter cannot tell those real tokens from masked slots; pick "
                       "an id that never occurs (an unused special token)", stacklevel=2)
