@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
@@ -20,10 +21,15 @@ NUM_TARGET_LAYERS = config["target"]["num_layers"]
 TARGET_ID = dcfg.target_id(config)
 RESPONSES_ID = dcfg.responses_id(config)
 GPUS = config["training"]["num_gpus"]
+try:  # local runs have a total core count (--cores); a cluster executor (the SLURM profile) has none
+    CORES = workflow.cores
+except WorkflowError:
+    CORES = None
+CLUSTER_THREADS = 8  # threads of a job on a cluster executor when threads_per_job is null (= the profile's cpus_per_task)
 # threads of each heavy job: all cores by default (one job at a time: undisturbed timings)
-JOB_THREADS = min(config["threads_per_job"] or workflow.cores, workflow.cores)
+JOB_THREADS = min(config["threads_per_job"] or CORES, CORES) if CORES else config["threads_per_job"] or CLUSTER_THREADS
 # drafter trainings may run side by side with fewer threads each (no timing is measured inside them)
-TRAIN_THREADS = min(config["threads_per_training_job"] or JOB_THREADS, workflow.cores)
+TRAIN_THREADS = min(config["threads_per_training_job"] or JOB_THREADS, CORES or JOB_THREADS)
 
 
 STUDY = config["study"]["enabled"]

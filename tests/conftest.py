@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from tests.workflow import copy_project, import_guard_env, snakemake
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)  # tiny models: threading costs more than it gives
 
@@ -51,3 +53,15 @@ def target():
 @pytest.fixture(scope="module")
 def drafter(target):
     return tiny_drafter(target)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """The smoke preset run end to end in a copy of the project (results/ stays out of the checkout)."""
+    work = copy_project(tmp_path_factory.mktemp("smoke"))
+    # every job runs with the packages its rule's conda env lacks made unimportable (tests/import_guard)
+    r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900,
+                  env=import_guard_env(work, ["presets/smoke.yaml", "presets/smoke_artifacts.yaml"]))
+    # right away (before the artifacts extension adds temperature-1 records): a second run schedules nothing
+    r.second_run = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)
+    return work, r

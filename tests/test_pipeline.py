@@ -10,7 +10,7 @@ import yaml
 
 from dscout import config as dcfg
 
-from tests.workflow import ROOT, copy_project, import_guard_env, jobs_of as _jobs, snakemake
+from tests.workflow import ROOT, import_guard_env, jobs_of as _jobs, snakemake
 
 
 def load(*presets):
@@ -101,18 +101,6 @@ def test_imported_drafters_need_no_responses():
     assert dcfg.drafter_id(changed, "eagle3", 36) == dcfg.drafter_id(base, "eagle3", 36)
     assert "pretrained" in dcfg.drafter_id(base, "pard2", 36)
     assert dcfg.drafter_id(changed, "dscout", 36) != dcfg.drafter_id(base, "dscout", 36)
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    """The smoke preset run end to end in a copy of the project (results/ stays out of the checkout)."""
-    work = copy_project(tmp_path_factory.mktemp("smoke"))
-    # every job runs with the packages its rule's conda env lacks made unimportable (tests/import_guard)
-    r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900,
-                  env=import_guard_env(work, ["presets/smoke.yaml", "presets/smoke_artifacts.yaml"]))
-    # right away (before the artifacts extension adds temperature-1 records): a second run schedules nothing
-    r.second_run = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)
-    return work, r
 
 
 @pytest.fixture(scope="module")
