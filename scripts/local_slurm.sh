@@ -6,8 +6,8 @@
 #   scripts/local_slurm.sh stop DIR         # stop the three daemons by the process ids recorded in DIR
 #
 # After `start`, sbatch/squeue/scancel talk to the cluster (its slurm.conf is DIR/slurm.conf, linked from
-# /etc/slurm/slurm.conf, where jobs look for it): one node (this host, all its CPUs and 3/4 of its memory), one
-# partition `local`. It needs no cgroups, no accounting database
+# /etc/slurm/slurm.conf, where jobs look for it): one node (this host, all its CPUs, 3/4 of its memory and
+# $LOCAL_SLURM_GPUS (default 2) device-less GRES "gpu" slots, so GPU rules can be scheduled), one partition `local`. It needs no cgroups, no accounting database
 # and no systemd: processes are tracked by Linux process groups (proctrack/linuxproc, task/none), accounting is
 # off, so `sacct` has nothing to say and Snakemake's SLURM plugin must query job states with
 # `--slurm-status-command squeue` (completed jobs stay visible to squeue for MinJobAge = 600 s). The daemons run
@@ -36,6 +36,7 @@ if [ "$cmd" = stop ]; then
     rm -f "$pidfile"
   done
   [ "$(readlink /etc/slurm/slurm.conf 2>/dev/null)" = "$dir/slurm.conf" ] && rm -f /etc/slurm/slurm.conf
+  [ "$(readlink /etc/slurm/gres.conf 2>/dev/null)" = "$dir/gres.conf" ] && rm -f /etc/slurm/gres.conf
   exit 0
 fi
 
@@ -43,6 +44,7 @@ fi
 host=$(hostname -s)
 cpus=$(nproc)
 mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 3 / 4 ))
+gpus=${LOCAL_SLURM_GPUS:-2}  # GRES "gpu" slots without devices: lets GPU rules (sbatch --gpus=N) be scheduled here
 mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
 
 # munge: the key the Debian package generated, a private socket so that a system munged is left alone
@@ -77,7 +79,8 @@ ReturnToService=2
 MpiDefault=none
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName=$host CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+GresTypes=gpu
+NodeName=$host CPUs=$cpus RealMemory=$mem_mb Gres=gpu:$gpus State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
 
@@ -89,6 +92,16 @@ if [ -e /etc/slurm/slurm.conf ] && [ "$(readlink /etc/slurm/slurm.conf)" != "$di
   exit 1
 fi
 ln -sfn "$dir/slurm.conf" /etc/slurm/slurm.conf
+gpu_files=""
+if [ "$gpus" -gt 0 ]; then  # stand-in device files (no driver): SLURM only needs something to hand out
+  mkdir -p "$dir/dev"
+  for i in $(seq 0 $((gpus - 1))); do : > "$dir/dev/fakegpu$i"; done
+  gpu_files="File=$dir/dev/fakegpu[0-$((gpus - 1))]"
+fi
+cat > "$dir/gres.conf" <<CONF
+NodeName=$host Name=gpu Count=$gpus $gpu_files
+CONF
+ln -sfn "$dir/gres.conf" /etc/slurm/gres.conf
 export SLURM_CONF="$dir/slurm.conf"
 munged --socket="$dir/munge/munge.socket" --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" \
   --seed-file="$dir/munge/munge.seed" --key-file="$key" --force

@@ -122,3 +122,38 @@ def test_slurm_outputs_equal_the_local_smoke_run(slurm_run, smoke_run):
         theirs = [json.loads(l) for l in (local / p.relative_to(work)).read_text().splitlines()]
         assert [(r["output_ids"], r["accept_lengths"], r["correct"]) for r in mine] == \
                [(r["output_ids"], r["accept_lengths"], r["correct"]) for r in theirs], p
+
+
+def test_deepspeed_launcher_runs_two_ranks_inside_a_slurm_allocation(slurm_run, tmp_path):
+    """`training.num_gpus: 2`: the job asks SLURM for 2 GPUs (device-less GRES slots here) and one task; inside
+    the allocation the rule's `deepspeed --num_gpus 2` launcher starts both ranks (gloo on this CPU)."""
+    from dscout import config as dcfg
+
+    work, rc, _, _, _ = slurm_run
+    assert rc == 0
+    extra = work / "two_ranks.yaml"
+    extra.write_text(yaml.safe_dump({"training": {"num_gpus": 2},
+                                     "drafters": {"dscout": {"training": {"max_steps": 4}}}}))
+    cfg = dcfg.load_config(work / "config.yaml", work / "presets" / "smoke.yaml", extra)
+    did = dcfg.drafter_id(cfg, "dscout", cfg["target"]["num_layers"])
+    overrides = _profile_overrides()
+    overrides[overrides.index("--set-resources") + 1:] = ["train_drafter:cpus_per_task=2",
+                                                          "train_drafter:mem_mb=2000"]
+    env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA)}
+    env.pop("SLURM_CONF", None)
+    r = subprocess.run([sys.executable, "-m", "snakemake", f"results/drafters/{did}/training_summary.json",
+                        "--profile", "profiles/slurm", "--configfile", "presets/smoke.yaml", str(extra),
+                        "--sdm", "env-modules", *overrides, "--slurm-status-command", "squeue",
+                        "--slurm-init-seconds-before-status-checks", "5", "--latency-wait", "5"],
+                       cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    import re
+
+    jobid = re.findall(r"submitted with SLURM jobid (\d+)", out)[-1]
+    job = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True).stdout
+    assert "TresPerJob=gres:gpu:2" in job, job  # the job asked SLURM for 2 GPUs (sbatch --gpus=2)
+    summary = json.loads((work / "results" / "drafters" / did / "training_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 4
+    log = (work / "results" / "logs" / "train_drafter" / f"{did}.log").read_text()
+    assert "--local_rank=1" in log
