@@ -17,7 +17,7 @@ FINAL = -1
 """Marker in :attr:`Pard2Config.feature_layers` for the target's final-normed output."""
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
-    """The DFlash spacing rule for which target layers to tap (dflash-reference §1.1).
+    """The DFlash spacing rule for which target layers to tap (upstream DFlash and SGLang, see Source below).
 
     One tap: ``[L // 2]``. Otherwise ``round(1 + i * (L - 4) / (t - 1))`` for ``i = 0..t-1``: evenly spaced
     from layer 1 to layer L-3 (0-based). Upstream ties t to the drafter depth; here t is free, and
@@ -49,7 +49,7 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
 def default_eagle3_layer_ids(num_target_layers: int) -> list[int]:
     """EAGLE-3's three tapped layers in our id convention: ``[1, L//2 - 1, L - 4]``.
 
-    These are HF ``hidden_states`` indices ``{2, L//2, L-3}`` shifted by one (baselines-reference §1.1;
+    These are HF ``hidden_states`` indices ``{2, L//2, L-3}`` shifted by one (EAGLE-3 as released;
     SpecForge default ``[1, L//2-1, L-4]``). For very shallow targets ids may repeat (L = 4 gives ``[1, 1, 0]``).
 
     Raises:
