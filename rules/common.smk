@@ -46,12 +46,13 @@ def _drafters_in_use():
 MAIN_DRAFTERS = _drafters_in_use()
 STUDY_DRAFTERS = list(dcfg.study_drafters(config)) if STUDY else []
 SERVING = config["serving"]["enabled"]
-SERVING_DRAFTERS = (
-    [config["serving"]["dflash_drafter"], config["serving"]["dscout_drafter"]]
-    + ([config["serving"]["eagle3_drafter"]] if config["serving"].get("eagle3_drafter") else [])
-    if SERVING
-    else []
-)
+# Table 4's drafters by role (EAGLE-3 only when served through SGLang)
+SERVING_ROLES = {
+    role: config["serving"][f"{role}_drafter"]
+    for role in ("dflash", "dscout", "eagle3")
+    if SERVING and config["serving"].get(f"{role}_drafter")
+}
+SERVING_DRAFTERS = list(SERVING_ROLES.values())
 DRAFTER_IDS = {
     n: dcfg.drafter_id(config, n, NUM_TARGET_LAYERS)
     for n in dict.fromkeys(MAIN_DRAFTERS + STUDY_DRAFTERS + SERVING_DRAFTERS)
@@ -154,11 +155,7 @@ def serving_records_input(wildcards):
 
 
 def serving_drafter_inputs(wildcards):
-    s = config["serving"]
-    names = {"dflash": s["dflash_drafter"], "dscout": s["dscout_drafter"]}
-    if s.get("eagle3_drafter"):
-        names["eagle3"] = s["eagle3_drafter"]
-    return {k: f"{drafter_dir(n)}/training_summary.json" for k, n in names.items()}
+    return {role: f"{drafter_dir(n)}/training_summary.json" for role, n in SERVING_ROLES.items()}
 
 
 def depth_search_output(wildcards):

@@ -23,7 +23,7 @@ import time
 import pytest
 import yaml
 
-from tests.workflow import DATA, ROOT, copy_project
+from tests.workflow import DATA, DIST_VARS, ROOT, copy_project
 
 SCRIPT = ROOT / "scripts" / "local_slurm.sh"
 
@@ -62,7 +62,8 @@ def slurm_run(local_slurm, tmp_path_factory):
             "--sdm", "env-modules", *_profile_overrides(), "--slurm-status-command", "squeue",
             "--slurm-init-seconds-before-status-checks", "5", "--latency-wait", "5"]
     env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA), "PYTHONUNBUFFERED": "1"}
-    env.pop("SLURM_CONF", None)
+    for var in ("SLURM_CONF", *DIST_VARS):
+        env.pop(var, None)
     log = open(work / "snakemake.out", "w")
     proc = subprocess.Popen(args, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
     cancelled, finished_before = None, {}
@@ -140,7 +141,8 @@ def test_deepspeed_launcher_runs_two_ranks_inside_a_slurm_allocation(slurm_run, 
     overrides[overrides.index("--set-resources") + 1:] = ["train_drafter:cpus_per_task=2",
                                                           "train_drafter:mem_mb=2000"]
     env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA)}
-    env.pop("SLURM_CONF", None)
+    for var in ("SLURM_CONF", *DIST_VARS):
+        env.pop(var, None)
     r = subprocess.run([sys.executable, "-m", "snakemake", f"results/drafters/{did}/training_summary.json",
                         "--profile", "profiles/slurm", "--configfile", "presets/smoke.yaml", str(extra),
                         "--sdm", "env-modules", *overrides, "--slurm-status-command", "squeue",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("DSCOUT_DATA_ROOT", ROOT.parent / "shared" / "data"))
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 PROJECT_FILES = ["Snakefile", "config.yaml", "rules", "schemas", "src", "configs", "presets", "envs", "report",
                  "profiles"]
 
@@ -15,6 +16,8 @@ PROJECT_FILES = ["Snakefile", "config.yaml", "rules", "schemas", "src", "configs
 def snakemake(*args, cwd=ROOT, check=True, timeout=900, env=None):
     """``python -m snakemake ARGS`` in ``cwd``; raises AssertionError with the output tail if it fails."""
     env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA), "PYTHONUNBUFFERED": "1", **(env or {})}
+    for var in DIST_VARS:  # an in-process training test leaves its rendezvous here; jobs must pick their own
+        env.pop(var, None)
     r = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
                        env=env, timeout=timeout)
     if check and r.returncode != 0:

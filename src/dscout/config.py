@@ -169,9 +169,7 @@ def check_plan(config: dict, source: str = "config") -> None:
                             "serves no trees)")
     d = config.get("depth_search", {})
     if d.get("enabled"):
-        from .training.recipes import get_recipe
-
-        h = get_recipe(d["recipe"]).max_horizon
+        h = _max_horizon({"recipe": d["recipe"]})
         if d["block_size"] > h:
             problems.append(f"depth_search.block_size: {d['block_size']} exceeds the largest training horizon "
                             f"{h} of recipe '{d['recipe']}'")

@@ -268,8 +268,9 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 engine.step()  # applies the update after the last micro-step only
                 idx += ids
                 losses.append(float(loss.detach()))
-            per_rank = _gather(idx, world)
-            all_losses = sum(_gather(losses, world), [])
+            gathered = _gather((idx, losses), world)  # one collective per step: (sample ids, losses) of every rank
+            per_rank = [ids for ids, _ in gathered]
+            all_losses = [x for _, ls in gathered for x in ls]
             rec = {"step": step, "epoch": (step * slots * cfg.micro_batch_size) / n,
                    "loss": sum(all_losses) / len(all_losses),  # the global batch's mean (what the update uses)
                    "lr": float(sched.get_last_lr()[0]) if sched is not None else cfg.lr,
@@ -306,12 +307,12 @@ def count_token(source, token_id: int) -> int:
     return sum(int((source.tokens(i)[0] == token_id).sum()) for i in range(len(source)))
 
 
-def _gather(values: list, world: int) -> list[list]:
-    """``values`` of every rank, in rank order (all_gather_object; no communication for one process)."""
+def _gather(obj, world: int) -> list:
+    """``obj`` of every rank, in rank order (all_gather_object; no communication for one process)."""
     if world == 1:
-        return [list(values)]
+        return [obj]
     out: list = [None] * world
-    torch.distributed.all_gather_object(out, list(values))
+    torch.distributed.all_gather_object(out, obj)
     return out
 
 
