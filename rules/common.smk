@@ -15,7 +15,9 @@ validate(config, "../schemas/config.schema.yaml")
 dcfg._check_references(config)
 dcfg.check_plan(config, "the merged config files")  # block sizes vs horizons, mask id vs vocabulary, data files
 
-CLI = str(Path(workflow.basedir) / "src" / "dscout" / "cli.py")
+# relative to the working directory: a rule parameter, so an absolute path would rerun everything when the
+# project is moved or copied
+CLI = os.path.relpath(Path(workflow.basedir) / "src" / "dscout" / "cli.py")
 DATA_ROOT = config["data_root"]
 NUM_TARGET_LAYERS = config["target"]["num_layers"]
 TARGET_ID = dcfg.target_id(config)
@@ -58,18 +60,24 @@ DRAFTER_IDS = {
     for n in dict.fromkeys(MAIN_DRAFTERS + STUDY_DRAFTERS + SERVING_DRAFTERS)
 }
 DRAFTER_STAGES = {DRAFTER_IDS[n]: dcfg.drafter_stage(config, n, NUM_TARGET_LAYERS) for n in DRAFTER_IDS}
-# One feature cache for every drafter: the union of their taps (one target forward writes all layers at once).
-# Its path depends on the responses and the storage dtype only; the layer set is a parameter, so adding a drafter
-# that taps new layers rewrites the cache in place. Drafters read it through ancient(): the rewritten cache holds
-# the same values for the layers an existing drafter uses, so that drafter is not retrained.
+# One feature cache per distinct layer set, its path named by the set (content-addressed): a drafter reads the
+# cache of exactly its own taps. Adding a drafter that taps new layers adds a cache and trains that drafter,
+# while every other drafter keeps its input untouched; changing a drafter's taps changes both its id and its
+# cache, so one invocation schedules both. (One shared cache of the union, rewritten in place, needed ancient()
+# inputs, under which Snakemake reran the cache but not the jobs that needed the new layers.)
 DEPTH = config["depth_search"]["enabled"]
 DEPTH_STAGE = dcfg.depth_search_stage(config, NUM_TARGET_LAYERS) if DEPTH else None
 DEPTH_ID = f"{config['target']['name']}-{dcfg.short_hash(DEPTH_STAGE)}" if DEPTH else None
-FEATURE_LAYERS = sorted(
-    {l for st in DRAFTER_STAGES.values() for l in st["layer_ids"]} | set(DEPTH_STAGE["layer_ids"] if DEPTH else [])
-)
-FEATURE_ID = config["features"]["store_dtype"]
-FEATURE_STAGES = {FEATURE_ID: dcfg.features_stage(config, FEATURE_LAYERS)}
+FEATURE_STAGES = {
+    dcfg.features_id(config, layers): dcfg.features_stage(config, layers)
+    for layers in [st["layer_ids"] for st in DRAFTER_STAGES.values() if st["layer_ids"]]
+    + ([DEPTH_STAGE["layer_ids"]] if DEPTH else [])
+}
+
+
+def feature_cache(layer_ids):
+    """Path of the feature cache holding exactly ``layer_ids`` (any order) for the configured responses."""
+    return f"results/features/{RESPONSES_ID}/{dcfg.features_id(config, layer_ids)}/index.json"
 
 
 def _method_specs():
@@ -213,7 +221,7 @@ def responses_of_drafter(wildcards):
 def features_of_drafter(wildcards):
     if config["features"]["mode"] != "cache" or _imported(wildcards):
         return []
-    return ancient(f"results/features/{RESPONSES_ID}/{FEATURE_ID}/index.json")
+    return feature_cache(DRAFTER_STAGES[wildcards.did]["layer_ids"])
 
 
 def features_arg(wildcards, input):

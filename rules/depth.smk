@@ -8,7 +8,7 @@ rule depth_search:
         "Drafter-depth search over d in {params.candidates}"
     input:
         target=f"{TARGET_DIR}/target.json",
-        features=ancient(f"results/features/{RESPONSES_ID}/{FEATURE_ID}/index.json"),
+        features=feature_cache(DEPTH_STAGE["layer_ids"]) if DEPTH else [],
     output:
         "results/depth/{did}/search.json",
     params:

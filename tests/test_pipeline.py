@@ -216,10 +216,41 @@ def test_second_run_schedules_nothing_and_changes_rerun_only_their_stage(smoke_r
     jobs = _jobs(snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(recipe),
                            cwd=work).stdout)
     assert jobs.get("train_drafter") == 1 and "generate_responses" not in jobs and "target_features" not in jobs
-    taps = work / "taps.yaml"  # a drafter with other taps retrains alone, whatever happens to the union cache
+    taps = work / "taps.yaml"  # a drafter with other taps retrains alone, from a new cache of exactly its taps
     taps.write_text("drafters: {dflash: {num_taps: 3}}\n")
     jobs = _jobs(snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(taps), cwd=work).stdout)
-    assert jobs.get("train_drafter") == 1 and "generate_responses" not in jobs
+    assert jobs.get("train_drafter") == 1 and jobs.get("target_features") == 1 and "generate_responses" not in jobs
+
+
+@pytest.mark.slow
+def test_one_run_brings_everything_up_to_date_when_a_drafter_taps_new_layers(smoke_run, tmp_path):
+    """A change of a drafter's taps reruns, in one invocation, its feature cache, the drafter, and what reads it.
+
+    Regression: with one shared cache of the union of all taps (an ``ancient()`` input), a real run rebuilt only
+    the cache and a second invocation was needed for the drafter, the benchmarks and the tables.
+    """
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(smoke_run[0], work, symlinks=True)  # copy2 keeps mtimes: the copy is as up to date as the run
+    summaries = {p.parent.name: p.stat().st_mtime_ns for p in (work / "results/drafters").glob("*/training_summary.json")}
+    before = (work / "results/tables/table3.md").read_text()
+    taps = work / "taps.yaml"  # no cache holds layers {0, 2} so far (the smoke caches: {0, 1}, {0, 3}, {1, 2})
+    taps.write_text("drafters: {dflash: {target_layer_ids: [0, 2]}}\n")
+    args = ("--cores", "2", "--configfile", "presets/smoke.yaml", str(taps))
+    first = snakemake(*args, cwd=work)
+    jobs = _jobs(first.stdout + first.stderr)
+    assert jobs.get("target_features") == 1 and jobs.get("train_drafter") == 1, jobs
+    assert jobs.get("benchmark", 0) >= 1 and jobs.get("table3") == 1, jobs
+    again = snakemake("-n", *args, cwd=work)
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+    changed = [p for p in (work / "results/drafters").glob("*/training_summary.json")
+               if summaries.get(p.parent.name) != p.stat().st_mtime_ns]
+    assert len(changed) == 1 and changed[0].parent.name.startswith("dflash-"), changed
+    resolved = json.loads((changed[0].parent / "config.resolved.json").read_text())
+    assert resolved["stage_config"]["layer_ids"] == [0, 2]
+    assert list((work / "results/features").glob("*/float16-l0.2/index.json"))
+    assert (work / "results/tables/table3.md").read_text() != before
 
 
 def run_notebook(path: Path, env: dict) -> dict:

@@ -266,12 +266,15 @@ def resolved_layer_ids(variant: dict, num_target_layers: int) -> list[int]:
 
 
 def features_stage(cfg: dict, layer_ids: list[int]) -> dict:
-    return {"responses": responses_id(cfg), "layer_ids": list(layer_ids),
+    """What a feature cache depends on: the responses, its layer set (sorted) and the storage dtype."""
+    return {"responses": responses_id(cfg), "layer_ids": sorted(set(layer_ids)),
             "store_dtype": cfg["features"]["store_dtype"]}
 
 
 def features_id(cfg: dict, layer_ids: list[int]) -> str:
-    return f"{len(layer_ids)}t-{short_hash(features_stage(cfg, layer_ids))}"
+    """Directory name of the feature cache of a layer set, e.g. ``float16-l1.8.15.22.29`` (order-free)."""
+    layers = ".".join(str(l) for l in sorted(set(layer_ids)))
+    return f"{cfg['features']['store_dtype']}-l{layers}"
 
 
 def drafter_stage(cfg: dict, name: str, num_target_layers: int) -> dict:
