@@ -35,13 +35,15 @@ def tiny_target(vocab=64, layers=4, seed=0, dtype=torch.float64, family="llama",
     return TargetModel(model.to(dtype))
 
 
-def tiny_drafter(target, layers=2, block_size=32, seed=1, layer_ids=None, mask_token_id=None):
+def tiny_drafter(target, layers=2, block_size=32, seed=1, layer_ids=None, mask_token_id=None,
+                 draft_vocab_size=None):
     from dscout.models.drafter import DFlashDrafter, DFlashDrafterConfig
 
     torch.manual_seed(seed)
     cfg = DFlashDrafterConfig.from_target(
         target.config, num_hidden_layers=layers, target_layer_ids=layer_ids,
-        mask_token_id=target.vocab_size - 1 if mask_token_id is None else mask_token_id, block_size=block_size)
+        mask_token_id=target.vocab_size - 1 if mask_token_id is None else mask_token_id, block_size=block_size,
+        draft_vocab_size=draft_vocab_size)
     return DFlashDrafter(cfg).to(target.dtype).attach_target(target)
 
 

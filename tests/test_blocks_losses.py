@@ -197,3 +197,18 @@ def test_training_loss_runs_and_backpropagates(recipe):
     assert torch.isfinite(loss) and metrics["supervised"] > 0
     assert d.fc.weight.grad is not None and d.fc.weight.grad.abs().sum() > 0
     assert t.lm_head.weight.grad is None and t.embed_tokens.weight.grad is None
+
+
+def test_distillation_cross_entropy_is_minimised_by_the_target_distribution():
+    from dscout.training.losses import distill_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    target_logits = torch.randn(3, 7, generator=g, dtype=torch.float64)
+    q = target_logits.clone().requires_grad_(True)
+    h = distill_cross_entropy(q, target_logits)
+    p = torch.softmax(target_logits, -1)
+    assert torch.allclose(h, -(p * p.log()).sum(-1).float(), atol=1e-6)  # H(P, P) = entropy of P
+    h.sum().backward()
+    assert q.grad.abs().max() < 1e-6  # stationary at Q = P
+    other = distill_cross_entropy(target_logits + torch.randn(3, 7, generator=g, dtype=torch.float64), target_logits)
+    assert (other > h.detach()).all()

@@ -108,8 +108,13 @@ class BlockDiffusionProposer:
         ids[0, 0] = last_token
         pos = torch.arange(position, position + bs, device=dev).unsqueeze(0)
         hidden = self.drafter(ids, pos, past_key_values=self._cache)
-        logits = self.drafter.compute_logits(hidden[0, 1:]).float()
+        logits = self.drafter.compute_logits(hidden[0, 1:]).float()  # over the draft vocabulary
         if temperature > 0 and self.sample_drafts:
             probs = torch.softmax(logits / temperature, dim=-1)
-            return Draft(torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs)
-        return Draft(logits.argmax(-1))
+            picks = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            if self.drafter.config.draft_vocab_size is not None:  # q over the target's vocabulary: 0 elsewhere
+                full = probs.new_zeros(probs.shape[0], self.drafter.config.vocab_size)
+                full[:, self.drafter.draft_token_ids] = probs
+                probs = full
+            return Draft(self.drafter.to_target_ids(picks), probs)
+        return Draft(self.drafter.to_target_ids(logits.argmax(-1)))

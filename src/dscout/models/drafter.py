@@ -68,7 +68,12 @@ class DFlashDrafterConfig(PreTrainedConfig):
         target_hidden_size: the target's hidden size (input width of ``fc`` is ``t * target_hidden_size``).
         mask_token_id: id of the mask token; must be an existing row of the target embedding.
         block_size: the largest block the drafter was trained for (its horizon); any inference bs up to it works.
-        fc_bias: whether ``fc`` has a bias (upstream: no; dscout.md writes ``+ b_f``).
+        fc_bias: whether ``fc`` has a bias (upstream: no; the paper writes ``+ b_f``).
+        draft_vocab_size: None = draft over the target's whole vocabulary (upstream DFlash); else the drafter
+            predicts only these many tokens (the buffer ``draft_token_ids``, the most frequent response tokens),
+            through the matching rows of the target's LM head. EAGLE-3's reduced draft vocabulary (its
+            ``d2t``) applied to the DFlash head: the LM head is most of a small drafter's cost, in training and
+            in every draft round. Tokens outside it are never drafted (they end acceptance), so it is lossless.
         rope_parameters: ``{"rope_type": ..., "rope_theta": ...}`` copied from the target.
     """
 
@@ -94,6 +99,7 @@ class DFlashDrafterConfig(PreTrainedConfig):
     mask_token_id: int = 0
     block_size: int = 16
     fc_bias: bool = False
+    draft_vocab_size: int | None = None
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs):
@@ -126,6 +132,9 @@ class DFlashDrafterConfig(PreTrainedConfig):
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+        if self.draft_vocab_size is not None and not 1 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must lie in (1, vocab_size = {self.vocab_size}], "
+                             f"got {self.draft_vocab_size}")
 
     @property
     def num_taps(self) -> int:
@@ -270,6 +279,9 @@ class DFlashDrafter(PreTrainedModel):
         self.rotary_emb = Qwen3RotaryEmbedding(config)
         # Training-time reparameterisation of fc (see set_tap_scale); ones outside training, never saved.
         self.register_buffer("tap_scale", torch.ones(in_dim), persistent=False)
+        if config.draft_vocab_size is not None:  # reduced draft vocabulary: target ids of the drafted tokens
+            self.register_buffer("draft_token_ids", torch.arange(config.draft_vocab_size))
+        self.__dict__["_head_rows"] = None  # (weight rows, bias rows, ids version) of the reduced LM head
         self._tap_scaled = False
         self.__dict__["_target_parts"] = None  # (embed_tokens, lm_head): shared, frozen, not registered
         self.post_init()
@@ -307,10 +319,55 @@ class DFlashDrafter(PreTrainedModel):
         return F.embedding(ids, emb.weight.detach())
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target LM head over drafter states ``[..., D]`` -> logits ``[..., V]`` (head frozen)."""
+        """Target LM head over drafter states ``[..., D]`` -> logits ``[..., V_d]`` (head frozen).
+
+        ``V_d`` is the draft vocabulary: the target's ``V`` by default, ``config.draft_vocab_size`` rows of the
+        head (``draft_token_ids``) with a reduced one; map argmax indices back with :meth:`to_target_ids`.
+        """
         head = self._parts()[1]
         bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-        return project(hidden, head.weight, bias)
+        if self.config.draft_vocab_size is None:
+            return project(hidden, head.weight, bias)
+        w, b = self._reduced_head(head, bias)
+        return project(hidden, w, b)
+
+    def _reduced_head(self, head, bias):
+        ids = self.draft_token_ids
+        cached = self.__dict__.get("_head_rows")
+        key = (ids._version, ids.data_ptr(), head.weight._version, head.weight.data_ptr(), ids.device)
+        if cached is None or cached[2] != key:  # the gathered rows are reused until the ids or the head change
+            cached = (head.weight.detach()[ids].contiguous(), bias[ids] if bias is not None else None, key)
+            self.__dict__["_head_rows"] = cached
+        if not self.training:  # decoding: oneDNN-packed rows, as the target's own head (models/linear.py)
+            from .linear import pack_weight
+
+            pack_weight(cached[0])
+        return cached[0], cached[1]
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary indices (any shape) to target token ids (identity for the full vocabulary)."""
+        if self.config.draft_vocab_size is None:
+            return draft_ids
+        return self.draft_token_ids.to(draft_ids.device)[draft_ids]
+
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Map target token ids (any shape) to draft-vocabulary indices; -1 for tokens outside it."""
+        if self.config.draft_vocab_size is None:
+            return target_ids
+        lookup = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=target_ids.device)
+        lookup[self.draft_token_ids.to(target_ids.device)] = torch.arange(self.config.draft_vocab_size,
+                                                                          device=target_ids.device)
+        return lookup[target_ids]
+
+    @torch.no_grad()
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
+        """Fill ``draft_token_ids`` with the ``draft_vocab_size`` most frequent tokens of ``token_counts`` ``[V]``
+        (ties broken by token id), sorted by id. No-op for a full-vocabulary drafter."""
+        if self.config.draft_vocab_size is None:
+            return
+        order = sorted(range(len(token_counts)), key=lambda i: (-float(token_counts[i]), i))
+        top = torch.tensor(sorted(order[: self.config.draft_vocab_size]), dtype=torch.long)
+        self.draft_token_ids.copy_(top.to(self.draft_token_ids.device))
 
     def fuse_context(self, taps: torch.Tensor) -> torch.Tensor:
         """``c = hidden_norm(fc(taps))``: ``[b, C, t * D_target]`` -> ``[b, C, D]`` (dflash-reference §1.2)."""

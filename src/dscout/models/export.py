@@ -84,7 +84,8 @@ def dflash_config_dict(cfg: DFlashDrafterConfig, dtype: str = "bfloat16") -> dic
         "use_sliding_window": False,
         "sliding_window": None,
         "torch_dtype": dtype,
-        "dscout": {"label": cfg.label, "fc_bias": cfg.fc_bias, "target_hidden_size": cfg.target_hidden_size},
+        "dscout": {"label": cfg.label, "fc_bias": cfg.fc_bias, "target_hidden_size": cfg.target_hidden_size,
+                   "draft_vocab_size": cfg.draft_vocab_size},
     }
 
 
@@ -96,7 +97,8 @@ def export_dflash(drafter: DFlashDrafter | str | os.PathLike, out_dir: str | os.
         for_sglang: refuse drafters SGLang cannot serve (a tap of the target's last layer). Our own engine
             serves them, so the trainer saves with ``for_sglang=False``.
     Raises:
-        ValueError: if ``for_sglang`` and a tapped layer is the target's last one, or if fc has a bias (the
+        ValueError: if ``for_sglang`` and a tapped layer is the target's last one or the drafter has a reduced
+            draft vocabulary (SGLang's DFlash head is the target's whole one), or if fc has a bias (the
             DFlash format has none).
     """
     if not isinstance(drafter, DFlashDrafter):
@@ -107,6 +109,9 @@ def export_dflash(drafter: DFlashDrafter | str | os.PathLike, out_dir: str | os.
                          f"(ids must be <= num_target_layers - 2 = {cfg.num_target_layers - 2})")
     if cfg.fc_bias:
         raise ValueError("the DFlash format has no fc bias; train with fc_bias=False to export")
+    if for_sglang and cfg.draft_vocab_size is not None:
+        raise ValueError(f"SGLang's DFlash drafter predicts the target's whole vocabulary; this one drafts over "
+                         f"{cfg.draft_vocab_size} tokens (options.draft_vocab_size): train without it to serve")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(dtype).contiguous() for k, v in drafter.state_dict().items()}
@@ -187,7 +192,8 @@ def load_dflash_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torch.f
         num_target_layers=dc.get("num_target_layers", c["num_target_layers"]),
         target_hidden_size=extra.get("target_hidden_size", c["hidden_size"]),
         mask_token_id=dc.get("mask_token_id", c.get("mask_token_id")),
-        block_size=dc.get("block_size", c.get("block_size", 16)))
+        block_size=dc.get("block_size", c.get("block_size", 16)),
+        draft_vocab_size=extra.get("draft_vocab_size"))
     model = DFlashDrafter(cfg)
     state = {}
     for f in path.glob("*.safetensors"):

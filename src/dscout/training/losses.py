@@ -139,6 +139,23 @@ def block_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     return F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), reduction="none").view_as(labels)
 
 
+def distill_cross_entropy(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy ``H(P, Q) = -sum_y P(y) log Q(y)`` of the drafter against the target, per position.
+
+    ``P`` is the target's next-token distribution at the position restricted to the draft vocabulary and
+    renormalised (softmax of its logits over those rows), ``Q`` the drafter's softmax: knowledge distillation
+    on the target's logits (Hinton et al., 2015), as EAGLE-3 trains its drafter. ``P`` carries no gradient.
+
+    Args:
+        draft_logits: ``[M, V_d]`` drafter logits.
+        target_logits: ``[M, V_d]`` the target's logits over the same vocabulary entries.
+    Returns:
+        ``[M]`` float32 (with gradient through ``draft_logits``).
+    """
+    p = torch.softmax(target_logits.detach().float(), dim=-1)
+    return -(p * torch.log_softmax(draft_logits.float(), dim=-1)).sum(-1)
+
+
 def expected_accept_length(correct: torch.Tensor, inclusion: torch.Tensor) -> float:
     """Greedy acceptance proxy on training blocks: ``1 + E[longest correct prefix]`` over fully-masked blocks.
 

@@ -38,16 +38,20 @@ class DFlashMethod:
         return self.model
 
     def prepare(self, source, target) -> None:
-        """Condition ``fc`` on standardised taps (folded back before saving; recomputed on resume)."""
+        """Condition ``fc`` on standardised taps (folded back before saving; recomputed on resume); pick the
+        draft vocabulary (the most frequent response tokens) when ``options.draft_vocab_size`` asks for one."""
         from .features import tap_rms
 
         probe = [source.batch([i], torch.float32, target.device) for i in range(min(len(source), 64))]
         self.model.set_tap_scale(tap_rms(probe))
+        if self.model.config.draft_vocab_size is not None:
+            self.model.set_draft_vocab(response_token_counts(source, target.vocab_size))
 
     def loss(self, model, batch, generator, target):
         from .step import drafter_training_loss
 
-        return drafter_training_loss(model, batch, self.recipe, self.cfg.num_anchors, generator)
+        return drafter_training_loss(model, batch, self.recipe, self.cfg.num_anchors, generator,
+                                     distill_weight=float(self.cfg.options.get("distill_weight", 0.0)))
 
     def save(self, model, out_dir) -> dict:
         from ..models.export import export_dflash
@@ -57,6 +61,15 @@ class DFlashMethod:
         c = model.config
         return {"label": c.label, "recipe": self.cfg.recipe, "recipe_resolved": self.recipe.to_dict(),
                 "sglang_servable": max(c.target_layer_ids) <= c.num_target_layers - 2}
+
+
+def response_token_counts(source, vocab_size: int) -> torch.Tensor:
+    """``[V]`` float counts of every response token (loss-mask positions) over the training sequences."""
+    counts = torch.zeros(vocab_size)
+    for i in range(len(source)):
+        ids, mask = source.tokens(i)
+        counts += torch.bincount(ids[mask.bool()], minlength=vocab_size).float()
+    return counts
 
 
 def _target_logits(batch, target, only_supervised: bool = False) -> torch.Tensor:
@@ -100,11 +113,8 @@ class Eagle3Method:
         """The draft vocabulary: the most frequent response tokens of the training data (d2t / t2d)."""
         from ..models.eagle3 import build_vocab_map
 
-        counts = torch.zeros(target.vocab_size)
-        for i in range(len(source)):
-            ids, mask = source.tokens(i)
-            counts += torch.bincount(ids[mask.bool()], minlength=target.vocab_size).float()
-        d2t, t2d = build_vocab_map(counts, self.model.config.draft_vocab_size)
+        d2t, t2d = build_vocab_map(response_token_counts(source, target.vocab_size),
+                                   self.model.config.draft_vocab_size)
         self.model.set_vocab_map(d2t, t2d)
 
     def loss(self, model, batch, generator, target):

@@ -14,6 +14,7 @@ from .losses import (
     acceptance_probabilities,
     acceptance_weights,
     block_cross_entropy,
+    distill_cross_entropy,
     expected_accept_length,
     factorized_objective,
     positional_decay_weights,
@@ -42,7 +43,7 @@ class FeatureBatch:
 
 
 def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anchors: int,
-                          generator: torch.Generator, block_size: int | None = None
+                          generator: torch.Generator, block_size: int | None = None, distill_weight: float = 0.0
                           ) -> tuple[torch.Tensor, dict]:
     """Loss of one update under ``recipe`` (dscout.md §2; dflash-reference §2.3-2.5).
 
@@ -53,12 +54,17 @@ def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anch
         num_anchors: blocks per sequence (upper bound).
         generator: RNG for horizon, anchors and reveal pattern (seed it per step for resumable runs).
         block_size: force B (else drawn from ``recipe.horizons``).
+        distill_weight: lambda of the per-offset prediction loss ``(1 - lambda) CE(y) + lambda H(P, Q)``, with
+            ``H(P, Q)`` the cross-entropy of the drafter against the target's full next-token distribution at
+            that position (renormalised over the draft vocabulary), computed from the cached final states
+            through the shared LM head. 0 = the paper's CE on the target's tokens only. An efficiency
+            lever applied to every recipe alike (it changes the prediction factor's signal, not I or w).
     Returns:
         ``(loss, metrics)`` with metrics ``block_size``, ``accuracy`` (argmax == label over supervised
         offsets), ``tau_proxy`` (1 + mean correct prefix on training blocks), ``supervised`` (count), and
         ``mean_weight``.
     Raises:
-        ValueError: if AWL is asked for without ``final_hidden``/``lse`` in the batch.
+        ValueError: if AWL or distillation is asked for without ``final_hidden``/``lse`` in the batch.
     """
     B = block_size or recipe.draw_horizon(generator)
     anchors, keep = sample_anchors(batch.loss_mask, num_anchors, generator)
@@ -79,26 +85,36 @@ def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anch
     labels = blocks.labels.to(dev)
     inclusion = blocks.label_mask.to(dev)
     sel = inclusion.view(b, N * B)
-    logits = drafter.compute_logits(hidden[sel])  # [M, V]
-    ce = block_cross_entropy(logits, labels[inclusion])
+    logits = drafter.compute_logits(hidden[sel])  # [M, V_d]
+    draft_labels = drafter.to_draft_ids(labels[inclusion])  # -1: outside a reduced draft vocabulary
+    in_vocab = draft_labels >= 0
+    ce = block_cross_entropy(logits, draft_labels.clamp(min=0)) * in_vocab
+    needs_target = recipe.weighting == "awl" or distill_weight > 0
+    if needs_target and (batch.final_hidden is None or batch.lse is None):
+        raise ValueError("AWL and distillation need the target's final hidden states and log-sum-exp in the batch")
+    if needs_target:
+        rows = torch.arange(b, device=dev).view(b, 1, 1).expand(b, N, B)[inclusion]
+        logprob_of = target_logprob_from_cache(batch.final_hidden, batch.lse, drafter._parts()[1].weight,
+                                               rows, blocks.positions.to(dev)[inclusion])
+    if distill_weight > 0:  # the target's logits at the position = its LM head over its state one step back
+        prev = (blocks.positions.to(dev)[inclusion] - 1).clamp(min=0, max=S - 1)
+        with torch.no_grad():
+            target_logits = drafter.compute_logits(batch.final_hidden[rows, prev].to(hidden.dtype))
+        ce = (1.0 - distill_weight) * ce + distill_weight * distill_cross_entropy(logits, target_logits)
     if recipe.weighting == "none":
         weights = torch.ones_like(ce)
     elif recipe.weighting == "decay":
         weights = positional_decay_weights(B, recipe.decay_gamma).to(dev).expand(b, N, B)[inclusion]
     else:
-        if batch.final_hidden is None or batch.lse is None:
-            raise ValueError("AWL needs the target's final hidden states and log-sum-exp in the batch")
-        rows = torch.arange(b, device=dev).view(b, 1, 1).expand(b, N, B)[inclusion]
-        logprob_of = target_logprob_from_cache(batch.final_hidden, batch.lse, drafter._parts()[1].weight,
-                                               rows, blocks.positions.to(dev)[inclusion])
-        alpha_sel = acceptance_probabilities(logits, logprob_of, torch.zeros_like(ce, dtype=torch.bool))
+        alpha_sel = acceptance_probabilities(logits, lambda y: logprob_of(drafter.to_target_ids(y)),
+                                             torch.zeros_like(ce, dtype=torch.bool))
         alpha = torch.ones(b, N, B, device=dev)
         alpha[inclusion] = alpha_sel.view(-1).to(alpha.dtype)
         weights = acceptance_weights(alpha)[inclusion]
     loss = factorized_objective(ce, torch.ones_like(ce), weights)
     with torch.no_grad():
         correct = torch.zeros(b, N, B, dtype=torch.bool, device=dev)
-        correct[inclusion] = logits.argmax(-1) == labels[inclusion]
+        correct[inclusion] = (logits.argmax(-1) == draft_labels) & in_vocab
         n_sup = int(inclusion.sum())
         acc = float(correct.sum()) / max(n_sup, 1)
         fully_masked = ~blocks.revealed[..., 1:].any(-1).to(dev) & blocks.keep.to(dev)

@@ -65,8 +65,10 @@ class TrainConfig:
         dtype: ``float32`` (CPU) or ``bfloat16`` (GPU); must agree with the DeepSpeed JSON.
         init_from_target: initialise each drafter layer from a target layer (else random, as SpecForge).
         kind: ``dflash`` (DFlash/DScout recipes), ``eagle3`` or ``pard2`` (:mod:`dscout.training.methods`).
-        options: kind-specific settings (EAGLE-3: ``draft_vocab_size``, ``ttt_steps``; PARD-2: ``draft_k``,
-            ``feature_layers``, ``feat_drop_p``, ``cod_r``, ``cod_rmin``).
+        options: kind-specific settings. DFlash/DScout: ``draft_vocab_size`` (None = the target's vocabulary),
+            ``distill_weight`` (0: CE on the target's tokens only), ``norm_init`` (``target``: copy the
+            target's final-norm weight, ``ones``). EAGLE-3: ``draft_vocab_size``, ``ttt_steps``. PARD-2:
+            ``draft_k``, ``feature_layers``, ``feat_drop_p``, ``cod_r``, ``cod_rmin``.
     """
 
     recipe: str = "dscout"
@@ -131,10 +133,15 @@ def build_drafter(target, cfg: TrainConfig, block_size: int) -> DFlashDrafter:
     """A fresh drafter shaped like ``target`` for ``cfg`` (optionally initialised from target layers)."""
     dcfg = DFlashDrafterConfig.from_target(
         target.config, num_hidden_layers=cfg.num_layers, mask_token_id=cfg.mask_token_id,
-        target_layer_ids=cfg.target_layer_ids, num_taps=cfg.num_taps, block_size=block_size)
+        target_layer_ids=cfg.target_layer_ids, num_taps=cfg.num_taps, block_size=block_size,
+        draft_vocab_size=cfg.options.get("draft_vocab_size"))
     drafter = DFlashDrafter(dcfg)
-    with torch.no_grad():  # the drafter's states feed the target's LM head: start at the scale it expects
-        drafter.norm.weight.copy_(target.final_norm.weight)
+    norm_init = cfg.options.get("norm_init", "target")
+    if norm_init not in ("target", "ones"):
+        raise ValueError(f"options.norm_init must be 'target' or 'ones', got {norm_init!r}")
+    if norm_init == "target":  # the drafter's states feed the target's LM head: the target's final-norm scale
+        with torch.no_grad():
+            drafter.norm.weight.copy_(target.final_norm.weight)
     if cfg.init_from_target:
         _init_from_target(drafter, target)
     return drafter.to(dtype=getattr(torch, cfg.dtype), device=target.device).attach_target(target)
@@ -187,9 +194,29 @@ class _OnlineSource:
         return b
 
 
+class SubsetSource:
+    """Some sequences of a training source (``FeatureCache`` or online), renumbered ``0 .. len(ids) - 1``."""
+
+    def __init__(self, source, ids: list[int]):
+        bad = [i for i in ids if not 0 <= i < len(source)]
+        if bad or not ids:
+            raise ValueError(f"sequence ids {bad[:5]} are not in the source ({len(source)} sequences)"
+                             if bad else "empty sequence subset")
+        self.source, self.ids = source, list(ids)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def tokens(self, i):
+        return self.source.tokens(self.ids[i])
+
+    def batch(self, indices, dtype, device):
+        return self.source.batch([self.ids[i] for i in indices], dtype, device)
+
+
 def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir: str | os.PathLike,
                   feature_cache: str | os.PathLike | None = None, sequences: list[dict] | None = None,
-                  _crash_after_step: int | None = None) -> Path:
+                  sequence_ids: list[int] | None = None, _crash_after_step: int | None = None) -> Path:
     """Train a drafter and save it with ``save_pretrained`` to ``out_dir`` (resumable).
 
     Args:
@@ -200,6 +227,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
         work_dir: scratch folder for checkpoints and the per-step log ``train_log.jsonl``.
         feature_cache: a cache from :func:`~dscout.training.features.build_feature_cache` (CPU default), or
         sequences: tokenised sequences (``input_ids``, ``loss_mask``) for online target features.
+        sequence_ids: train on these sequences of the source only (the rest held out); None = all.
         _crash_after_step: testing hook, raises after that step as a kill would.
     Returns:
         ``out_dir``.
@@ -218,6 +246,8 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
         source = _OnlineSource(target, sequences, method.layer_ids)
     else:
         raise ValueError("train_drafter needs a feature_cache or sequences")
+    if sequence_ids is not None:
+        source = SubsetSource(source, sequence_ids)
     n = len(source)
     uses_mask = cfg.kind in ("dflash", "dscout", "pard2")
     mask_hits = count_token(source, cfg.mask_token_id) if uses_mask and rank == 0 else 0

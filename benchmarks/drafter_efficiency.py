@@ -1,0 +1,268 @@
+"""Training-efficiency study of the block-diffusion drafters on this CPU: which lever buys the most acceptance
+per second of training?
+
+Every variant trains through the production trainer (``dscout.training.trainer.train_drafter``, DeepSpeed on
+one gloo process) from the pipeline's own feature cache, on the same training sequences, for the same CPU time
+(the step count is set from a short probe of the variant's step time). The last ``--holdout`` sequences are
+never trained on; on them every response position anchors one fully masked block
+(:mod:`dscout.experiments.drafter_eval`), giving per-offset top-1 accuracy and the greedy τ at bs 4, 8 and 16
+that those accuracies imply. ``--engine`` variants are then decoded side by side with AR through the benchmark
+runner on held-out benchmark prompts (greedy, one process, nothing else running): measured τ and speedup.
+
+Usage (after ``snakemake --cores 2 <feature cache>`` has written the target and the cache)::
+
+    python benchmarks/drafter_efficiency.py --target results/target/<id> \
+        --features results/features/<responses id>/<cache id> --out benchmarks/drafter_efficiency \
+        --budget 150 --variants base,anchors64,... --engine base,best
+
+Writes ``results.json`` (every number), ``report.md`` (tables) and ``offsets.png`` to ``--out``; variants already
+in ``results.json`` are skipped, so an interrupted study resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+BASE = dict(recipe="dscout", num_layers=2, num_anchors=12, micro_batch_size=1, lr=3e-3, warmup_ratio=0.04,
+            options={})
+"""The landed CPU default's DScout drafter (config.yaml before this study)."""
+
+VARIANTS: dict[str, tuple[dict, str]] = {
+    "base": ({}, "the landed default: 12 anchors/sequence, full vocabulary, CE, lr 3e-3"),
+    "anchors48": ({"num_anchors": 48}, "48 anchors per sequence"),
+    "anchors_all": ({"num_anchors": 512}, "every response position anchors a block"),
+    "vocab8k": ({"options": {"draft_vocab_size": 8192}}, "draft vocabulary = 8192 most frequent response tokens"),
+    "vocab4k": ({"options": {"draft_vocab_size": 4096}}, "draft vocabulary = 4096 most frequent response tokens"),
+    "norm_ones": ({"options": {"norm_init": "ones"}}, "final norm initialised to ones (logits ~N(0, 1) at init)"),
+    "distill": ({"options": {"distill_weight": 0.5}}, "0.5 CE + 0.5 cross-entropy to the target's distribution"),
+    "init_target": ({"init_from_target": True}, "drafter layers initialised from the target's last layers"),
+    "lr1e-3": ({"lr": 1e-3}, "learning rate 1e-3"),
+    "lr1e-2": ({"lr": 1e-2}, "learning rate 1e-2"),
+    "batch4": ({"micro_batch_size": 4}, "4 sequences per update"),
+    "d1": ({"num_layers": 1}, "drafter depth d = 1"),
+    "d3": ({"num_layers": 3}, "drafter depth d = 3"),
+}
+
+
+def combine(*names: str) -> tuple[dict, str]:
+    """A variant that applies several levers at once (options merged)."""
+    cfg, notes = {}, []
+    for n in names:
+        over, note = VARIANTS[n]
+        opts = {**cfg.get("options", {}), **over.get("options", {})}
+        cfg.update(over)
+        cfg["options"] = opts
+        notes.append(n)
+    return cfg, " + ".join(notes)
+
+
+def train_config(overrides: dict, layer_ids: list[int], mask_token_id: int, max_steps: int, seed: int):
+    from dscout.training.trainer import TrainConfig
+
+    spec = {**BASE, **{k: v for k, v in overrides.items() if k not in ("data_fraction",)}}
+    return TrainConfig(recipe=spec["recipe"], num_layers=spec["num_layers"], target_layer_ids=layer_ids,
+                       mask_token_id=mask_token_id, num_anchors=spec["num_anchors"],
+                       micro_batch_size=spec["micro_batch_size"], lr=spec["lr"], warmup_ratio=spec["warmup_ratio"],
+                       max_steps=max_steps, seed=seed, checkpoint_every=0,
+                       deepspeed_config=str(ROOT / "configs/deepspeed/cpu.json"),
+                       init_from_target=spec.get("init_from_target", False), options=spec.get("options", {}))
+
+
+def step_seconds(target, cfg, features, train_ids, probe_steps: int = 6) -> float:
+    """Median seconds per update of ``cfg`` over a short probe run (first two steps dropped)."""
+    from dscout.training.trainer import train_drafter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        train_drafter(target, replace(cfg, max_steps=probe_steps), Path(tmp) / "out", Path(tmp) / "work",
+                      feature_cache=features, sequence_ids=train_ids)
+        secs = sorted(json.loads(l)["seconds"] for l in (Path(tmp) / "work/train_log.jsonl").read_text().splitlines()[2:])
+    return secs[len(secs) // 2]
+
+
+def run_variant(name, overrides, note, target, features, layer_ids, mask_id, train_ids, held_ids, budget, seed,
+                work_root):
+    from dscout.experiments.drafter_eval import accuracy_and_tau, offset_correctness
+    from dscout.models.export import load_dflash_checkpoint
+    from dscout.training.features import FeatureCache
+    from dscout.training.trainer import train_drafter
+
+    frac = overrides.get("data_fraction", 1.0)
+    ids = train_ids[: max(1, int(round(frac * len(train_ids))))]
+    probe = train_config(overrides, layer_ids, mask_id, 6, seed)
+    sec = step_seconds(target, probe, features, ids)
+    steps = max(10, int(budget / sec))
+    cfg = replace(probe, max_steps=steps)
+    out, work = work_root / name / "drafter", work_root / name / "work"
+    shutil.rmtree(work_root / name, ignore_errors=True)
+    t0 = time.perf_counter()
+    train_drafter(target, cfg, out, work, feature_cache=features, sequence_ids=ids)
+    wall = time.perf_counter() - t0
+    summary = json.loads((out / "training_summary.json").read_text())
+    log = [json.loads(l) for l in (out / "train_log.jsonl").read_text().splitlines()]
+    drafter = load_dflash_checkpoint(out, dtype=target.dtype).attach_target(target)
+    source = FeatureCache(features, list(drafter.config.target_layer_ids))
+    heldout = accuracy_and_tau(offset_correctness(drafter, source, held_ids, block_size=16))
+    trainacc = accuracy_and_tau(offset_correctness(drafter, source, ids[: len(held_ids)], block_size=16))
+    return {"name": name, "note": note, "overrides": overrides, "steps": steps, "probe_step_seconds": sec,
+            "train_seconds": summary["train_seconds"], "wall_seconds": wall,
+            "train_sequences": len(ids), "first_loss": log[0]["loss"],
+            "final_loss": sum(r["loss"] for r in log[-20:]) / min(20, len(log)),
+            "heldout": heldout, "train_subset": trainacc, "drafter_dir": str(out)}
+
+
+def engine_eval(target, results: dict, names: list[str], data_root: str, num_prompts: int, max_new: int,
+                benchmarks: list[str], block_sizes=(4, 8, 16)) -> dict:
+    """τ and speedup vs AR through the benchmark runner (greedy, packed linears, every method side by side)."""
+    from dscout.bench.methods import build_methods
+    from dscout.bench.runner import run_benchmark
+    from dscout.cli import stop_token_ids
+    from dscout.data.benchmarks import load_benchmark
+
+    specs = [{"name": f"{n}@{bs}", "kind": "dscout", "drafter": n, "block_size": bs}
+             for n in names for bs in block_sizes]
+    dirs = {n: results[n]["drafter_dir"] for n in names}
+    stops = stop_token_ids(target, ["<|im_end|>"])
+    methods = build_methods(target, specs, dirs, stops, cpu_packed_linear=True)
+    per = {m.key: [] for m in methods}
+    for bi, bench in enumerate(benchmarks):
+        prompts = load_benchmark(bench, data_root, num_prompts, seed=1)
+        recs = run_benchmark(target, methods, prompts, benchmark=bench, max_new_tokens=max_new, temperature=0.0,
+                             repeat=0, chat={"system_prompt": None, "enable_thinking": False},
+                             near_tie_epsilon=1e-3, score_outputs=False, warmup=bi == 0)
+        for k, v in recs.items():
+            per[k] += v
+    ar_tpot = sum(r["decode_seconds"] for r in per["ar"]) / sum(r["new_tokens"] - 1 for r in per["ar"])
+    out = {"ar_tpot_ms": 1000 * ar_tpot, "benchmarks": benchmarks, "num_prompts": num_prompts,
+           "max_new_tokens": max_new, "rows": {}}
+    for m in methods[1:]:
+        rs = per[m.key]
+        rounds = [a for r in rs for a in r["accept_lengths"]]
+        tpot = sum(r["decode_seconds"] for r in rs) / sum(r["new_tokens"] - 1 for r in rs)
+        out["rows"][m.name] = {
+            "tau": sum(rounds) / len(rounds), "speedup": ar_tpot / tpot,
+            "draft_ms_per_round": 1000 * sum(r["draft_seconds"] for r in rs) / len(rounds),
+            "verify_ms_per_round": 1000 * sum(r["verify_seconds"] for r in rs) / len(rounds),
+            "mismatches": sum(1 for r in rs if r["matches_ar"] is False),
+            "decoded_tokens": sum(r["new_tokens"] for r in rs)}
+    return out
+
+
+def write_report(res: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    v = res["variants"]
+    lines = ["# Drafter training efficiency on the CPU default (SmolLM2-135M target)", "",
+             f"Each variant trains for {res['budget_seconds']:.0f} s of CPU (2 cores, one process) through the "
+             f"production trainer on {res['train_sequences']} sequences; held-out = {res['heldout_sequences']} "
+             "sequences never trained on, every response position a fully masked block. τ(bs) = 1 + mean "
+             "longest correct prefix (greedy).", "",
+             "| variant | levers | steps | s/step | acc@1 | acc@2 | acc@4 | acc@8 | acc@15 | τ(4) | τ(8) | τ(16) |"
+             " train-subset τ(16) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in v.items():
+        a, t = r["heldout"]["offset_accuracy"], r["heldout"]["tau"]
+        lines.append(f"| {name} | {r['note']} | {r['steps']} | {r['probe_step_seconds']:.2f} | {a[0]:.3f} | "
+                     f"{a[1]:.3f} | {a[3]:.3f} | {a[7]:.3f} | {a[14]:.3f} | {t[4]:.2f} | {t[8]:.2f} | "
+                     f"{t[16]:.2f} | {r['train_subset']['tau'][16]:.2f} |")
+    for key, e in res.get("engine", {}).items():
+        lines += ["", f"## Decoded side by side with AR ({key})", "",
+                  f"{e['num_prompts']} held-out prompt(s) per benchmark of {', '.join(e['benchmarks'])}, "
+                  f"{e['max_new_tokens']} new tokens, greedy, oneDNN-packed linears for every method; AR TPOT "
+                  f"{e['ar_tpot_ms']:.1f} ms.", "",
+                  "| drafter@bs | τ | speedup vs AR | draft ms/round | verify ms/round | mismatches vs AR | tokens |",
+                  "|---|---|---|---|---|---|---|"]
+        for n, r in e["rows"].items():
+            lines.append(f"| {n} | {r['tau']:.2f} | {r['speedup']:.2f}× | {r['draft_ms_per_round']:.1f} | "
+                         f"{r['verify_ms_per_round']:.1f} | {r['mismatches']} | {r['decoded_tokens']} |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in v.items():
+        acc = r["heldout"]["offset_accuracy"]
+        ax[0].plot(range(1, len(acc) + 1), acc, marker=".", label=name)
+        ax[1].plot([4, 8, 16], [r["heldout"]["tau"][b] for b in (4, 8, 16)], marker="o", label=name)
+    ax[0].set(xlabel="block offset k", ylabel="held-out top-1 accuracy", title="accuracy per offset")
+    ax[1].set(xlabel="block size bs", ylabel="greedy τ (held-out)", title="τ implied by the accuracies")
+    ax[1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "offsets.png", dpi=110)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--features", required=True)
+    p.add_argument("--out", default=str(ROOT / "benchmarks/drafter_efficiency"))
+    p.add_argument("--work", default=str(ROOT / "results/studies/drafter_efficiency"))
+    p.add_argument("--budget", type=float, default=150.0, help="CPU seconds of training per variant")
+    p.add_argument("--holdout", type=int, default=24)
+    p.add_argument("--variants", default="base")
+    p.add_argument("--combine", action="append", default=[], help="NAME=lever1+lever2 (a combined variant)")
+    p.add_argument("--engine", default="", help="comma-separated variants decoded against AR")
+    p.add_argument("--engine-prompts", type=int, default=1)
+    p.add_argument("--engine-tokens", type=int, default=96)
+    p.add_argument("--engine-benchmarks", default="gsm8k,humaneval,mt_bench")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--mask-token-id", type=int, default=16, help="config target.mask_token_id")
+    a = p.parse_args(argv)
+
+    import torch
+
+    from dscout.data.paths import data_root
+    from dscout.cli import load_target
+    from dscout.training.features import FeatureCache
+
+    torch.set_num_threads(a.threads)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res_path = out / "results.json"
+    res = json.loads(res_path.read_text()) if res_path.exists() else {"variants": {}, "engine": {}}
+    target = load_target(a.target)
+    cache = FeatureCache(a.features)
+    layer_ids = list(cache.index["layer_ids"])
+    n = len(cache)
+    held = list(range(n - a.holdout, n))
+    train_ids = list(range(n - a.holdout))
+    mask_id = a.mask_token_id
+    res.update(budget_seconds=a.budget, train_sequences=len(train_ids), heldout_sequences=len(held),
+               features=a.features, layer_ids=layer_ids)
+    variants = dict(VARIANTS)
+    for spec in a.combine:
+        name, levers = spec.split("=", 1)
+        variants[name] = combine(*levers.split("+"))
+    for name in [v for v in a.variants.split(",") if v]:
+        if name in res["variants"]:
+            print(f"[skip] {name}: already measured")
+            continue
+        over, note = variants[name]
+        print(f"[train] {name}: {note}", flush=True)
+        res["variants"][name] = run_variant(name, over, note, target, a.features, layer_ids, mask_id, train_ids,
+                                            held, a.budget, a.seed, Path(a.work))
+        r = res["variants"][name]
+        print(f"  {r['steps']} steps, held-out acc@1 {r['heldout']['offset_accuracy'][0]:.3f}, "
+              f"τ(16) {r['heldout']['tau'][16]:.2f}", flush=True)
+        res_path.write_text(json.dumps(res, indent=1))
+    if a.engine:
+        names = a.engine.split(",")
+        res["engine"][",".join(names)] = engine_eval(target, res["variants"], names, data_root(a.data_root),
+                                                     a.engine_prompts, a.engine_tokens,
+                                                     a.engine_benchmarks.split(","))
+        res_path.write_text(json.dumps(res, indent=1))
+    write_report(res, out)
+
+
+if __name__ == "__main__":
+    main()
