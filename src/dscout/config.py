@@ -369,8 +369,9 @@ STUDY_PLAN: dict[str, list[int]] = {
 def study_drafters(cfg: dict) -> dict[str, dict]:
     """Drafter variants of the recipe study (``study_<recipe>``), all of the study's shape and step count."""
     s = cfg["study"]
+    extra = {"options": dict(s["options"])} if s.get("options") else {}  # unset: ids of older configs unchanged
     return {f"study_{r}": {"recipe": r, "num_layers": s["num_layers"], "num_taps": s["num_taps"],
-                           "training": {"max_steps": s["max_steps"]}} for r in STUDY_PLAN}
+                           "training": {"max_steps": s["max_steps"]}, **extra} for r in STUDY_PLAN}
 
 
 def study_methods(cfg: dict, drafter_ids: dict[str, str]) -> list[dict]:
@@ -408,7 +409,8 @@ def depth_search_stage(cfg: dict, num_target_layers: int) -> dict:
             "max_new_tokens": s["max_new_tokens"], "seed": b["seed"], "cpu_packed_linear": b["cpu_packed_linear"],
             "features": {k: cfg["features"][k] for k in ("mode", "store_dtype")},
             "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
-                     "stop_tokens": t.get("stop_tokens")}}
+                     "stop_tokens": t.get("stop_tokens")},
+            **({"options": dict(s["options"])} if s.get("options") else {})}
 
 
 def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:

@@ -71,6 +71,7 @@ def per_run(records: list[dict]) -> dict[tuple, dict]:
             "tpot": statistics.mean(record_tpot(r) for r in rs),
             "mat": sum(rounds) / len(rounds) if rounds else None,
             "accept_lengths": rounds,
+            "record_mats": [sum(r["accept_lengths"]) / len(r["accept_lengths"]) for r in rs if r["accept_lengths"]],
             "accuracy": sum(correct) / len(correct) if correct else None,
             "n_records": len(rs),
             "new_tokens": sum(r["new_tokens"] for r in rs),
@@ -83,7 +84,8 @@ def per_run(records: list[dict]) -> dict[tuple, dict]:
 def summarize(records: list[dict]) -> list[dict]:
     """One row per (benchmark, method_key, temperature, concurrency) plus ``benchmark = "average"`` rows.
 
-    Row fields: ``speedup_mean/std``, ``mat_mean/std``, ``tpot_ms_mean/std``, ``accuracy``, ``repeats``,
+    Row fields: ``speedup_mean/std``, ``mat_mean/std`` (over repeats), ``mat_prompt_std`` (τ's spread over the
+    cell's requests: prompts x turns x repeats), ``tpot_ms_mean/std``, ``accuracy``, ``repeats``,
     ``n_records``, ``mismatches``, ``near_ties`` and the method's identity fields.
 
     Raises:
@@ -115,6 +117,7 @@ def summarize(records: list[dict]) -> list[dict]:
                             "mismatches": sum(v["mismatches"] for v in vs),
                             "near_ties": sum(v["near_ties"] for v in vs),
                             "accept_lengths": [n for v in vs for n in v["accept_lengths"]],
+                            "record_mats": [m for v in vs for m in v["record_mats"]],
                             "benchmarks": len(vs), "repeat": rep})
         rows.append(_row("average", k, t, c, per_rep))
     return rows
@@ -126,6 +129,7 @@ def _row(bench, key, temp, conc, vs):
         "drafter": vs[0]["drafter"], "block_size": vs[0]["block_size"], "temperature": temp, "concurrency": conc,
         "speedup_mean": _mean([v["speedup"] for v in vs]), "speedup_std": _std([v["speedup"] for v in vs]),
         "mat_mean": _mean([v["mat"] for v in vs]), "mat_std": _std([v["mat"] for v in vs]),
+        "mat_prompt_std": _std([m for v in vs for m in v.get("record_mats", [])]),
         "tpot_ms_mean": 1e3 * _mean([v["tpot"] for v in vs]), "tpot_ms_std": 1e3 * _std([v["tpot"] for v in vs]),
         "accuracy": _mean([v["accuracy"] for v in vs]), "repeats": len(vs),
         "n_records": sum(v["n_records"] for v in vs), "mismatches": sum(v["mismatches"] for v in vs),

@@ -71,7 +71,10 @@ def latex_grid(rows: list[dict], benches: list[str], cell, caption: str, label: 
 def table3_cell(r: dict) -> str:
     if r["method"] == "ar":
         return f"1.00× ({r['tpot_ms_mean']:.0f} ms)"
-    return f"{_fmt(r['speedup_mean'], r['speedup_std'], '×')} τ{_fmt(r['mat_mean'], r['mat_std'])}"
+    spread = r.get("mat_prompt_std")
+    tau = f"τ{r['mat_mean']:.2f}" + (f" (±{spread:.2f})" if spread is not None and spread == spread else "") \
+        if r["mat_mean"] is not None else "τ–"
+    return f"{_fmt(r['speedup_mean'], r['speedup_std'], '×')} {tau}"
 
 
 def write_table3(record_paths, out_prefix: str, stage: dict) -> list[dict]:
@@ -95,8 +98,10 @@ def write_table3(record_paths, out_prefix: str, stage: dict) -> list[dict]:
              f"Measured here: target **{target}** ({stage.get('runtime', 'transformers, CPU')}), "
              f"concurrency 1, mean ± std over {stage.get('repeats', '?')} repeats; prompts per benchmark: "
              f"{stage.get('num_prompts', '?')}; max new tokens per turn: {stage.get('max_new_tokens', '?')}. "
-             "Speedup = AR TPOT / method TPOT, paired with the AR run of the same repeat; every number is "
-             "computed from the raw records in `results/bench/`. AR cells show its TPOT.", ""]
+             "Speedup = AR TPOT / method TPOT, paired with the AR run of the same repeat (± its std over "
+             "repeats); τ = mean accepted tokens per round, (± its std over the cell's requests: the spread "
+             "across prompts). Every number is computed from the raw records in `results/bench/`. AR cells show "
+             "its TPOT.", ""]
     tex = []
     for t in temps:
         sub = [r for r in rows if r["temperature"] == t and r["concurrency"] == 1]

@@ -156,11 +156,13 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
         pack_linears(target.model, extra_weights=(target.lm_head.weight,))
 
     # latency of every candidate: random drafters of the same shape (weights do not change the cost)
+    vocab = (stage.get("options") or {}).get("draft_vocab_size")  # the draft head's width is part of the shape
     sweep = {}
     for d in sorted(stage["candidates"]):
         torch.manual_seed(0)
         cfg = DFlashDrafterConfig.from_target(target.config, num_hidden_layers=d, target_layer_ids=stage["layer_ids"],
-                                              mask_token_id=stage["mask_token_id"], block_size=bs)
+                                              mask_token_id=stage["mask_token_id"], block_size=bs,
+                                              draft_vocab_size=vocab)
         rnd = DFlashDrafter(cfg).to(target.dtype).attach_target(target).eval()
         if stage.get("cpu_packed_linear"):
             pack_linears(rnd)
@@ -177,7 +179,8 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
     for t_ids in (stage["layer_ids"], default_target_layer_ids(target.num_layers, target.num_layers - 1)):
         torch.manual_seed(0)
         cfg = DFlashDrafterConfig.from_target(target.config, num_hidden_layers=d_ref, target_layer_ids=t_ids,
-                                              mask_token_id=stage["mask_token_id"], block_size=bs)
+                                              mask_token_id=stage["mask_token_id"], block_size=bs,
+                                              draft_vocab_size=vocab)
         rnd = DFlashDrafter(cfg).to(target.dtype).attach_target(target).eval()
         if stage.get("cpu_packed_linear"):
             pack_linears(rnd)
@@ -196,7 +199,8 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
                               micro_batch_size=tr["micro_batch_size"], lr=tr["lr"], warmup_ratio=tr["warmup_ratio"],
                               weight_decay=tr["weight_decay"], max_steps=stage["max_steps"], seed=tr["seed"],
                               deepspeed_config=tr["deepspeed_config"], checkpoint_every=tr["checkpoint_every"],
-                              dtype="bfloat16" if target.dtype == torch.bfloat16 else "float32")
+                              dtype="bfloat16" if target.dtype == torch.bfloat16 else "float32",
+                              options=stage.get("options") or {})
             train_drafter(target, cfg, ddir, out / "work" / f"d{d}", feature_cache=feature_cache)
         train_s = time.perf_counter() - t0
         drafter = load_dflash_checkpoint(ddir, dtype=target.dtype).to(target.device).attach_target(target).eval()
