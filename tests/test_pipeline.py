@@ -35,6 +35,20 @@ def test_bad_config_names_the_key(patch, key):
         dcfg.validate_config(dcfg.deep_merge(yaml.safe_load((ROOT / "config.yaml").read_text()), patch))
 
 
+def test_study_and_depth_search_drafters_get_the_main_drafters_levers():
+    """The efficiency levers apply to every block-diffusion drafter alike: recipe comparisons stay fair."""
+    cfg = load()
+    main = dcfg.drafter_variant(cfg, "dscout")
+    for name, variant in dcfg.study_drafters(cfg).items():
+        assert variant["options"] == main["options"], name
+        assert variant.get("init_from_target") == main["init_from_target"] is True
+    stage = dcfg.depth_search_stage(cfg, cfg["target"]["num_layers"])
+    assert stage["options"] == {**main["options"], "init_from_target": True}
+    plain = dcfg.deep_merge(cfg, {"study": {"options": None}})
+    plain["study"].pop("options")
+    assert all("options" not in v and "init_from_target" not in v for v in dcfg.study_drafters(plain).values())
+
+
 def test_snakemake_rejects_unknown_key_before_any_job(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("training: {learning_rate: 0.1}\n")

@@ -369,7 +369,10 @@ STUDY_PLAN: dict[str, list[int]] = {
 def study_drafters(cfg: dict) -> dict[str, dict]:
     """Drafter variants of the recipe study (``study_<recipe>``), all of the study's shape and step count."""
     s = cfg["study"]
-    extra = {"options": dict(s["options"])} if s.get("options") else {}  # unset: ids of older configs unchanged
+    levers = dict(s.get("options") or {})  # unset: ids of older configs unchanged
+    extra = {"init_from_target": True} if levers.pop("init_from_target", False) else {}
+    if levers:
+        extra["options"] = levers
     return {f"study_{r}": {"recipe": r, "num_layers": s["num_layers"], "num_taps": s["num_taps"],
                            "training": {"max_steps": s["max_steps"]}, **extra} for r in STUDY_PLAN}
 

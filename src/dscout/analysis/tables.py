@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from . import paper
-from .aggregate import load_records, summarize
+from .aggregate import load_records, per_run, summarize
 
 BENCH_LABELS = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mbpp": "MBPP",
                 "livecodebench": "LCB", "mt_bench": "MT-Bench", "average": "Avg"}
@@ -108,6 +108,10 @@ def write_table3(record_paths, out_prefix: str, stage: dict) -> list[dict]:
         lines += [f"## Temperature {t:g}", ""] + markdown_grid(sub, benches, table3_cell) + [""]
         mism = sum(r["mismatches"] for r in sub if r["benchmark"] == "average")
         ties = sum(r["near_ties"] for r in sub if r["benchmark"] == "average")
+        toks = [v["new_tokens"] for (b, k, tt, c, rep), v in per_run(records).items() if tt == t and c == 1]
+        if toks:
+            lines += [f"Decoded tokens per (benchmark, method, repeat): min {min(toks)}, median "
+                      f"{sorted(toks)[len(toks) // 2]}.", ""]
         if t == 0:
             lines += [f"Greedy outputs differing from AR: **{mism}** (bugs) + {ties} at a floating-point "
                       f"near-tie (top-2 logit gap < ε = {stage.get('near_tie_epsilon', '?')}).", ""]

@@ -200,7 +200,9 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
                               weight_decay=tr["weight_decay"], max_steps=stage["max_steps"], seed=tr["seed"],
                               deepspeed_config=tr["deepspeed_config"], checkpoint_every=tr["checkpoint_every"],
                               dtype="bfloat16" if target.dtype == torch.bfloat16 else "float32",
-                              options=stage.get("options") or {})
+                              init_from_target=bool((stage.get("options") or {}).get("init_from_target")),
+                              options={k: v for k, v in (stage.get("options") or {}).items()
+                                       if k != "init_from_target"})
             train_drafter(target, cfg, ddir, out / "work" / f"d{d}", feature_cache=feature_cache)
         train_s = time.perf_counter() - t0
         drafter = load_dflash_checkpoint(ddir, dtype=target.dtype).to(target.device).attach_target(target).eval()
