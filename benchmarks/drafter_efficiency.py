@@ -56,6 +56,12 @@ VARIANTS: dict[str, tuple[dict, str]] = {
 }
 
 
+def _rel(path) -> str:
+    """``path`` relative to the repository when inside it (results.json is committed: no machine paths)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
 def combine(*names: str) -> tuple[dict, str]:
     """A variant that applies several levers at once (options merged)."""
     cfg, notes = {}, []
@@ -120,7 +126,7 @@ def run_variant(name, overrides, note, target, features, layer_ids, mask_id, tra
             "train_seconds": summary["train_seconds"], "wall_seconds": wall,
             "train_sequences": len(ids), "first_loss": log[0]["loss"],
             "final_loss": sum(r["loss"] for r in log[-20:]) / min(20, len(log)),
-            "heldout": heldout, "train_subset": trainacc, "drafter_dir": str(out)}
+            "heldout": heldout, "train_subset": trainacc, "drafter_dir": _rel(out)}
 
 
 def engine_eval(target, results: dict, names: list[str], data_root: str, num_prompts: int, max_new: int,
@@ -133,7 +139,7 @@ def engine_eval(target, results: dict, names: list[str], data_root: str, num_pro
 
     specs = [{"name": f"{n}@{bs}", "kind": "dscout", "drafter": n, "block_size": bs}
              for n in names for bs in block_sizes]
-    dirs = {n: results[n]["drafter_dir"] for n in names}
+    dirs = {n: str(ROOT / results[n]["drafter_dir"]) for n in names}  # stored relative to the repository
     stops = stop_token_ids(target, ["<|im_end|>"])
     methods = build_methods(target, specs, dirs, stops, cpu_packed_linear=True)
     per = {m.key: [] for m in methods}

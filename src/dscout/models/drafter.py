@@ -362,12 +362,15 @@ class DFlashDrafter(PreTrainedModel):
     @torch.no_grad()
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
         """Fill ``draft_token_ids`` with the ``draft_vocab_size`` most frequent tokens of ``token_counts`` ``[V]``
-        (ties broken by token id), sorted by id. No-op for a full-vocabulary drafter."""
+        (EAGLE-3's selection, :func:`~dscout.models.eagle3.build_vocab_map`: ties towards the smaller id, sorted
+        by id). No-op for a full-vocabulary drafter."""
         if self.config.draft_vocab_size is None:
             return
-        order = sorted(range(len(token_counts)), key=lambda i: (-float(token_counts[i]), i))
-        top = torch.tensor(sorted(order[: self.config.draft_vocab_size]), dtype=torch.long)
-        self.draft_token_ids.copy_(top.to(self.draft_token_ids.device))
+        from .eagle3 import build_vocab_map
+
+        d2t, _ = build_vocab_map(token_counts, self.config.draft_vocab_size)
+        used = d2t + torch.arange(self.config.draft_vocab_size)
+        self.draft_token_ids.copy_(used.to(self.draft_token_ids.device))
 
     def fuse_context(self, taps: torch.Tensor) -> torch.Tensor:
         """``c = hidden_norm(fc(taps))``: ``[b, C, t * D_target]`` -> ``[b, C, D]`` (dflash-reference §1.2)."""
