@@ -92,10 +92,8 @@ def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anch
     needs_target = recipe.weighting == "awl" or distill_weight > 0
     if needs_target and (batch.final_hidden is None or batch.lse is None):
         raise ValueError("AWL and distillation need the target's final hidden states and log-sum-exp in the batch")
-    if needs_target:
+    if needs_target:  # batch row of each supervised offset
         rows = torch.arange(b, device=dev).view(b, 1, 1).expand(b, N, B)[inclusion]
-        logprob_of = target_logprob_from_cache(batch.final_hidden, batch.lse, drafter._parts()[1].weight,
-                                               rows, blocks.positions.to(dev)[inclusion])
     if distill_weight > 0:  # the target's logits at the position = its LM head over its state one step back
         prev = (blocks.positions.to(dev)[inclusion] - 1).clamp(min=0, max=S - 1)
         with torch.no_grad():
@@ -106,6 +104,8 @@ def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anch
     elif recipe.weighting == "decay":
         weights = positional_decay_weights(B, recipe.decay_gamma).to(dev).expand(b, N, B)[inclusion]
     else:
+        logprob_of = target_logprob_from_cache(batch.final_hidden, batch.lse, drafter._parts()[1].weight,
+                                               rows, blocks.positions.to(dev)[inclusion])
         alpha_sel = acceptance_probabilities(logits, lambda y: logprob_of(drafter.to_target_ids(y)),
                                              torch.zeros_like(ce, dtype=torch.bool))
         alpha = torch.ones(b, N, B, device=dev)
