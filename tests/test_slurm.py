@@ -23,7 +23,7 @@ import time
 import pytest
 import yaml
 
-from tests.workflow import DATA, DIST_VARS, ROOT, copy_project
+from tests.workflow import DATA, DIST_VARS, ROOT, copy_project, jobs_of
 
 SCRIPT = ROOT / "scripts" / "local_slurm.sh"
 
@@ -73,7 +73,11 @@ def slurm_run(local_slurm, tmp_path_factory):
             if cancelled is None:
                 running = [j for j, state, comment in _squeue()
                            if state == "RUNNING" and comment.startswith("rule_train_drafter")]
-                if running:
+                # a drafter starts as soon as the cache of its own taps exists, and Snakemake touches a job's
+                # outputs when it registers the job as finished: cancel once it has registered every cache
+                text = (work / "snakemake.out").read_text()
+                caches = jobs_of(text).get("target_features", 0)
+                if running and caches and text.count("(Rule: target_features)") >= caches:
                     finished_before = {p: p.stat().st_mtime for stage in ("target", "responses", "features")
                                        for p in (work / "results" / stage).rglob("*") if p.is_file()}
                     subprocess.run(["scancel", running[0]], check=True)
