@@ -116,3 +116,38 @@ def test_reduced_vocabulary_survives_the_checkpoint_and_is_refused_for_sglang(ta
     assert back.config.draft_vocab_size == 20 and torch.equal(back.draft_token_ids, d.draft_token_ids)
     with pytest.raises(ValueError, match="whole vocabulary"):
         export_dflash(d, tmp_path / "sglang", dtype=torch.float32, for_sglang=True)
+
+
+def test_distillation_weight_mixes_the_target_distribution_into_the_loss(target):
+    """distill_weight = 1 trains on H(P, Q) only: the loss equals the mean cross-entropy against the target's
+    (draft-vocabulary) distribution recomputed by hand from the cached final states."""
+    from dscout.training.losses import distill_cross_entropy
+    from dscout.training.recipes import get_recipe
+    from dscout.training.step import FeatureBatch, drafter_training_loss
+
+    d = tiny_drafter(target, draft_vocab_size=2, layer_ids=[1, 2])
+    d.draft_token_ids.copy_(torch.tensor([5, 6]))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 62, (1, 30), generator=g)
+    ids[0, 10:] = torch.randint(5, 7, (20,), generator=g)
+    loss_mask = torch.zeros(1, 30, dtype=torch.long)
+    loss_mask[0, 10:] = 1
+    out = target(ids, layer_ids=[1, 2])
+    final = torch.randn(1, 30, target.config.hidden_size, generator=g, dtype=target.dtype)
+    batch = FeatureBatch(ids, loss_mask, out.taps.to(target.dtype), final, torch.zeros(1, 30))
+    recipe = get_recipe("dflash", weighting="none")
+    loss, _ = drafter_training_loss(d, batch, recipe, 1000, torch.Generator().manual_seed(1), distill_weight=1.0)
+    ce_only, _ = drafter_training_loss(d, batch, recipe, 1000, torch.Generator().manual_seed(1))
+    # by hand: every supervised offset of every block (anchors 10..28, offsets up to the sequence end)
+    from dscout.training.blocks import block_attention_mask, build_blocks, sample_anchors
+
+    anchors, keep = sample_anchors(loss_mask, 1000, torch.Generator().manual_seed(1))
+    blocks = build_blocks(ids, loss_mask, anchors, keep, 16, d.config.mask_token_id, None)
+    mask = block_attention_mask(anchors, keep, 30, 16)
+    n = anchors.shape[1]
+    hidden = d(blocks.block_ids.view(1, n * 16), blocks.positions.view(1, n * 16), context_taps=batch.taps,
+               context_positions=torch.arange(30).view(1, 30), attention_mask=mask)
+    sel = blocks.label_mask.view(1, n * 16)
+    prev = blocks.positions[blocks.label_mask] - 1
+    want = distill_cross_entropy(d.compute_logits(hidden[sel]), d.compute_logits(final[0, prev])).mean()
+    assert torch.isclose(loss.float(), want.float(), rtol=1e-5) and not torch.isclose(loss, ce_only)
