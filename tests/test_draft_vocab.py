@@ -71,6 +71,19 @@ def test_sampling_with_a_reduced_draft_vocabulary_preserves_the_target_distribut
         assert chisquare(counts, marg * N).pvalue > 1e-3, pos
 
 
+def _two_token_drafter_and_sequence(target, length):
+    """A drafter over the 2-token vocabulary {5, 6} and one sequence: 10 prompt tokens, then a response of 5s and
+    6s (about half the drafts right). Returns ``(drafter, ids [1, S], loss_mask [1, S], taps, generator)``."""
+    d = tiny_drafter(target, draft_vocab_size=2, layer_ids=[1, 2])
+    d.draft_token_ids.copy_(torch.tensor([5, 6]))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 62, (1, length), generator=g)
+    ids[0, 10:] = torch.randint(5, 7, (length - 10,), generator=g)
+    loss_mask = torch.zeros(1, length, dtype=torch.long)
+    loss_mask[0, 10:] = 1
+    return d, ids, loss_mask, target(ids, layer_ids=[1, 2]).taps.to(target.dtype), g
+
+
 def test_training_loss_ignores_out_of_vocabulary_labels_and_evaluation_agrees(target):
     """Labels outside the draft vocabulary carry no CE and count as wrong; the held-out evaluator and the
     training step's accuracy agree on fully masked blocks."""
@@ -78,15 +91,8 @@ def test_training_loss_ignores_out_of_vocabulary_labels_and_evaluation_agrees(ta
     from dscout.training.recipes import get_recipe
     from dscout.training.step import FeatureBatch, drafter_training_loss
 
-    d = tiny_drafter(target, draft_vocab_size=2, layer_ids=[1, 2])
-    d.draft_token_ids.copy_(torch.tensor([5, 6]))  # responses of 5s and 6s: about half the drafts are right
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, 62, (1, 40), generator=g)
-    ids[0, 10:] = torch.randint(5, 7, (30,), generator=g)
-    loss_mask = torch.zeros(1, 40, dtype=torch.long)
-    loss_mask[0, 10:] = 1
-    out = target(ids, layer_ids=[1, 2])
-    batch = FeatureBatch(ids, loss_mask, out.taps.to(target.dtype))
+    d, ids, loss_mask, taps, _ = _two_token_drafter_and_sequence(target, 40)
+    batch = FeatureBatch(ids, loss_mask, taps)
 
     class Source:
         def __len__(self):
@@ -125,16 +131,9 @@ def test_distillation_weight_mixes_the_target_distribution_into_the_loss(target)
     from dscout.training.recipes import get_recipe
     from dscout.training.step import FeatureBatch, drafter_training_loss
 
-    d = tiny_drafter(target, draft_vocab_size=2, layer_ids=[1, 2])
-    d.draft_token_ids.copy_(torch.tensor([5, 6]))
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, 62, (1, 30), generator=g)
-    ids[0, 10:] = torch.randint(5, 7, (20,), generator=g)
-    loss_mask = torch.zeros(1, 30, dtype=torch.long)
-    loss_mask[0, 10:] = 1
-    out = target(ids, layer_ids=[1, 2])
+    d, ids, loss_mask, taps, g = _two_token_drafter_and_sequence(target, 30)
     final = torch.randn(1, 30, target.config.hidden_size, generator=g, dtype=target.dtype)
-    batch = FeatureBatch(ids, loss_mask, out.taps.to(target.dtype), final, torch.zeros(1, 30))
+    batch = FeatureBatch(ids, loss_mask, taps, final, torch.zeros(1, 30))
     recipe = get_recipe("dflash", weighting="none")
     loss, _ = drafter_training_loss(d, batch, recipe, 1000, torch.Generator().manual_seed(1), distill_weight=1.0)
     ce_only, _ = drafter_training_loss(d, batch, recipe, 1000, torch.Generator().manual_seed(1))
