@@ -53,3 +53,33 @@ use rule benchmark as benchmark_sampled with:
         ),
     params:
         stage=stage_json(SAMPLED_BENCH_STAGE),
+
+
+# The target's task accuracy on a larger sample (greedy AR, batched, lm-eval metrics): every lossless method's
+# accuracy at temperature 0. One job per benchmark; resumable (answers are kept as they are generated).
+rule accuracy:
+    message:
+        "Task accuracy of the target on {wildcards.benchmark} ({params.n} prompts, greedy AR)"
+    input:
+        target=f"{TARGET_DIR}/target.json",
+    output:
+        "results/accuracy/{aid}/{benchmark}.jsonl",
+    params:
+        cli=CLI,
+        stage=stage_json(dcfg.accuracy_stage(config)),
+        n=config["accuracy"]["num_prompts"],
+        code=code("accuracy"),
+        data_root=DATA_ROOT,
+    threads: JOB_THREADS
+    resources:
+        gpu=min(GPUS, 1),
+    log:
+        "results/logs/accuracy/{aid}-{benchmark}.log",
+    benchmark:
+        "results/benchmarks/accuracy/{aid}-{benchmark}.tsv"
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python {params.cli} accuracy --stage {params.stage:q} --target $(dirname {input.target}) "
+        "--benchmark {wildcards.benchmark} --out {output} --data-root {params.data_root:q} "
+        "--threads {threads} > {log} 2>&1"

@@ -10,6 +10,7 @@ from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from dscout import config as dcfg  # noqa: E402
+from dscout.data import fetch as dcfg_fetch  # noqa: E402
 
 validate(config, "../schemas/config.schema.yaml")
 dcfg._check_references(config)
@@ -48,6 +49,8 @@ def _drafters_in_use():
 MAIN_DRAFTERS = _drafters_in_use()
 STUDY_DRAFTERS = list(dcfg.study_drafters(config)) if STUDY else []
 SERVING = config["serving"]["enabled"]
+ACCURACY = config["accuracy"]["enabled"]
+ACCURACY_ID = dcfg.accuracy_id(config) if ACCURACY else None
 # Table 4's drafters by role (EAGLE-3 only when served through SGLang)
 SERVING_ROLES = {
     role: config["serving"][f"{role}_drafter"]
@@ -139,6 +142,14 @@ RESPONSES = f"results/responses/{RESPONSES_ID}/responses.jsonl"
 
 def drafter_dir(name):
     return f"results/drafters/{DRAFTER_IDS[name]}"
+
+
+def accuracy_records():
+    """The accuracy jobs' scored answers (one file per benchmark), Table 3's optional second input."""
+    if not ACCURACY:
+        return []
+    return expand("results/accuracy/{aid}/{benchmark}.jsonl", aid=ACCURACY_ID,
+                  benchmark=config["accuracy"]["benchmarks"])
 
 
 def bench_records():
@@ -298,6 +309,7 @@ def table_stage_json():
             "num_prompts": b["num_prompts"],
             "max_new_tokens": b["max_new_tokens"],
             "near_tie_epsilon": config["near_tie_epsilon"],
+            "accuracy_max_new_tokens": config["accuracy"]["max_new_tokens"] if ACCURACY else None,
             "runtime": f"transformers, {config['target']['dtype']}" + (", oneDNN packed linears" if b.get("cpu_packed_linear") else ""),
         }
     )

@@ -5,7 +5,8 @@ rule table3:
     message:
         "Table 3 from {params.n} record files"
     input:
-        bench_records(),
+        records=bench_records(),
+        accuracy=accuracy_records(),
     output:
         md=report("results/tables/table3.md", caption="../report/table3.rst", category="Tables"),
         csv="results/tables/table3.csv",
@@ -23,8 +24,8 @@ rule table3:
     conda:
         "../envs/plot.yaml"
     shell:
-        "python {params.cli} table3 --stage {params.stage:q} --records {input} --out-prefix results/tables/table3 "
-        "> {log} 2>&1"
+        "python {params.cli} table3 --stage {params.stage:q} --records {input.records} "
+        "--accuracy {input.accuracy} --out-prefix results/tables/table3 > {log} 2>&1"
 
 
 rule fig2:

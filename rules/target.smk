@@ -46,3 +46,31 @@ rule generate_responses:
     shell:
         "python {params.cli} generate --stage {params.stage:q} --target $(dirname {input.target}) "
         "--out {output} --data-root {params.data_root:q} --threads {threads} --gpus {resources.gpu} > {log} 2>&1"
+
+
+# Data mirror: `snakemake --cores 1 fetch_data` on a machine with internet writes, under data_root, every
+# benchmark and prompt file this config reads (from the hub, through datasets), for compute nodes without it.
+# No other rule depends on it: a run reads the mirror where it exists and the hub otherwise.
+localrules:
+    fetch_data,
+
+
+rule fetch_data:
+    message:
+        "Fetching the data mirror from the hub"
+    output:
+        [os.path.join(dcfg_fetch.data_root(DATA_ROOT), f) for f in dcfg_fetch.mirror_files(config)],
+    params:
+        cli=CLI,
+        # the mirror folder: the first output minus its path under the mirror
+        root=lambda w, output: str(Path(output[0]).parents[len(Path(dcfg_fetch.mirror_files(config)[0]).parts) - 1]),
+        benchmarks=" ".join(dcfg_fetch.needed_sources(config)[0]),
+        sources=" ".join(s for s in dcfg_fetch.needed_sources(config)[1]
+                         if dcfg_fetch.prompt_source(s).hub is not None),
+    log:
+        "results/logs/fetch_data.log",
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python {params.cli} fetch-data --out {params.root:q} --benchmarks {params.benchmarks} "
+        "--sources {params.sources} > {log} 2>&1"

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests import envs
-from tests.workflow import ROOT, snakemake
+from tests.workflow import PAPER_DATA_ENV, ROOT, snakemake
 
 ENVS = sorted(p.stem for p in (ROOT / "envs").glob("*.yaml"))
 # envs/serve.yaml follows SGLang's pins for these (numpy: sglang -> mistral_common>=1.11.5 -> numpy<2.4)
@@ -74,6 +74,7 @@ def test_snakemake_plans_every_preset_without_torch(configs):
     args = ["-n", "--cores", "2", *(["--configfile", *configs] if configs else [])]
     if configs == ["presets/paper.yaml"]:
         args += ["--profile", "profiles/slurm", "--sdm", "env-modules"]
+        guard.update(PAPER_DATA_ENV)
     r = snakemake(*args, env=guard)
     assert "Job stats" in r.stdout + r.stderr
     probe = subprocess.run([sys.executable, "-c", "import torch"], env={**guard, "PATH": "/usr/bin:/bin"},

@@ -3,6 +3,8 @@ end in a temporary directory (records -> Table 3 and Figure 2, nothing reschedul
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import yaml
 
 from dscout import config as dcfg
 
-from tests.workflow import ROOT, import_guard_env, jobs_of as _jobs, snakemake
+from tests.workflow import PAPER_DATA_ENV, ROOT, import_guard_env, jobs_of as _jobs, snakemake
 
 
 def load(*presets):
@@ -84,7 +86,7 @@ def test_lint_is_clean():
 
 
 def test_paper_preset_dry_runs():
-    r = snakemake("-n", "--configfile", "presets/paper.yaml")
+    r = snakemake("-n", "--configfile", "presets/paper.yaml", env=PAPER_DATA_ENV)
     jobs = _jobs(r.stdout)
     # DFlash + DScout trained, EAGLE-3 and PARD-2 imported from their public checkpoints by the same rule,
     # plus one drafter per recipe of the study (Tables 1, 2; Figures 4, 7)
@@ -99,7 +101,8 @@ def test_paper_preset_dry_runs():
 
 def test_paper_preset_dry_runs_with_slurm_profile():
     """The cluster command line, minus conda (not installable here; env-modules is a no-op stand-in)."""
-    r = snakemake("-n", "--configfile", "presets/paper.yaml", "--profile", "profiles/slurm", "--sdm", "env-modules")
+    r = snakemake("-n", "--configfile", "presets/paper.yaml", "--profile", "profiles/slurm", "--sdm", "env-modules",
+                  env=PAPER_DATA_ENV)
     jobs = _jobs(r.stdout)
     assert jobs["train_drafter"] == 12 and jobs["benchmark"] + jobs["benchmark_sampled"] == 12
     assert jobs["table4"] == 1 and jobs["all"] == 1
@@ -174,6 +177,45 @@ def test_smoke_dag_produces_table3_from_records(smoke_run):
     assert {r["method"] for r in records} == {"ar", "dflash", "dscout", "eagle3", "pard2"}
     csv = (work / "results/tables/table3.csv").read_text().splitlines()
     assert csv[0].startswith("benchmark,method_name") and len(csv) > 4
+
+
+@pytest.mark.slow
+def test_smoke_dag_scores_accuracy_with_lm_eval_metrics(smoke_run):
+    """Accuracy stands in Table 3 per method (equal to AR's at T=0), plus the target's accuracy job's table."""
+    work, _ = smoke_run
+    table = (work / "results/tables/table3.md").read_text()
+    assert "Task accuracy on the timed prompts" in table
+    assert "Every method's accuracy equals AR's (greedy outputs are identical): **yes**." in table
+    assert "## Task accuracy of the target (greedy AR, larger sample)" in table
+    acc = [json.loads(l) for f in (work / "results/accuracy").rglob("*.jsonl") if "answers" not in f.name
+           for l in f.read_text().splitlines()]
+    assert {r["benchmark"] for r in acc} == {"gsm8k", "humaneval"} and len(acc) == 6
+    assert all(isinstance(r["correct"], bool) for r in acc)  # humaneval scored: the code ran (opt-in)
+    records = [json.loads(l) for f in (work / "results/bench").rglob("*.jsonl") for l in f.read_text().splitlines()]
+    scored = {r["benchmark"] for r in records if r["correct"] is not None}
+    assert scored == {"gsm8k", "math500", "humaneval", "mbpp"}  # LiveCodeBench, MT-Bench: no scorer
+
+
+@pytest.mark.slow
+def test_lm_eval_decodes_a_task_through_the_speculative_engine(smoke_run, tmp_path):
+    """`dscout-lm-eval --model dscout`: lm-eval's gsm8k (read from the mirror) decoded by our engine, with τ and
+    the paired speedup over AR beside the task's metric; greedy outputs equal AR's."""
+    work, _ = smoke_run
+    target = next((work / "results/target").glob("*/target.json")).parent
+    drafter = next(d for d in (work / "results/drafters").glob("dscout-*") if (d / "model.safetensors").exists())
+    data = os.environ.get("DSCOUT_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
+    r = subprocess.run([sys.executable, "-m", "dscout.lmeval_model", "--mirror", data, "--model", "dscout",
+                        "--model_args", f"target={target},drafter={drafter},block_size=4,threads=1",
+                        "--tasks", "gsm8k_mirror", "--limit", "2", "--num_fewshot", "0",
+                        "--gen_kwargs", "max_gen_toks=8", "--output_path", str(tmp_path / "out")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "exact_match" in r.stdout and "dscout speed" in r.stdout
+    speed = json.loads((tmp_path / "out" / "dscout_speed.json").read_text())["gsm8k_mirror"]
+    assert speed["method"] == "DScout(4)" and speed["requests"] == 2 and speed["greedy_compared"] == 2
+    assert speed["greedy_mismatches"] == 0 and speed["tau"] >= 1 and speed["speedup"] > 0
+    results = next((tmp_path / "out").rglob("results_*.json"))
+    assert "exact_match,flexible-extract" in json.loads(results.read_text())["results"]["gsm8k_mirror"]
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from dscout import config as dcfg
-from tests.workflow import ROOT, snakemake
+from tests.workflow import PAPER_DATA_ENV, ROOT, snakemake
 
 
 def _base():
@@ -18,7 +18,7 @@ def _base():
     ({"methods": [{"name": "DFlash(32)", "kind": "dflash", "drafter": "dflash", "block_size": 32}]},
      r"methods\[0\].block_size: block size 32 exceeds the largest training horizon 16 of drafter 'dflash'"),
     ({"target": {"mask_token_id": 49152}}, r"target.mask_token_id: 49152 is outside the vocabulary \[0, 49152\)"),
-    ({"data_root": "/nonexistent/data"}, r"data_root: the data folder /nonexistent/data does not exist"),
+    ({"data_root": "/nonexistent/data"}, r"data_root: \d+ source\(s\) have no mirror file under /nonexistent/data .*dscout fetch-data"),
     ({"serving": {"enabled": True, "block_sizes": [8, 64]}},
      r"serving.block_sizes: block size 64 exceeds the largest training horizon 32 of drafter 'dscout'"),
     ({"serving": {"enabled": True, "eagle3_drafter": "eagle3"}}, r"serving.eagle3_drafter: 'eagle3' must be a published"),
@@ -28,20 +28,25 @@ def _base():
 def test_check_plan_names_the_key(patch, message, monkeypatch):
     if "data_root" in patch:
         monkeypatch.delenv("DSCOUT_DATA_ROOT", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # no hub either, even on a machine that has one
     cfg = dcfg.deep_merge(_base(), patch)
     with pytest.raises(ValueError, match=message):
         dcfg.check_plan(cfg)
 
 
-def test_shipped_configs_pass_the_plan_checks():
+def test_shipped_configs_pass_the_plan_checks(monkeypatch):
     for presets in ([], ["smoke.yaml"], ["smoke.yaml", "smoke_artifacts.yaml"], ["paper.yaml"]):
         cfg = dcfg.load_config(ROOT / "config.yaml", *[ROOT / "presets" / p for p in presets])
+        if presets == ["paper.yaml"]:
+            for k, v in PAPER_DATA_ENV.items():
+                monkeypatch.setenv(k, v)
         dcfg.check_plan(cfg)  # raises on any problem
 
 
 def test_missing_benchmark_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("DSCOUT_DATA_ROOT", str(tmp_path))  # exists, but holds nothing
-    with pytest.raises(ValueError, match=r"benchmarks.names: needs .*gsm8k/test.jsonl"):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # and the hub cannot be reached
+    with pytest.raises(ValueError, match=r"benchmarks.names: benchmark gsm8k \(openai/gsm8k.*needs .*gsm8k/test.jsonl"):
         dcfg.check_plan(copy.deepcopy(_base()))
 
 
@@ -53,7 +58,7 @@ def test_missing_benchmark_file_is_named(tmp_path, monkeypatch):
 def test_snakemake_stops_before_any_job(bad, tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(bad)
-    env = {"DSCOUT_DATA_ROOT": ""} if "data_root" in bad else None
+    env = {"DSCOUT_DATA_ROOT": "", "HF_ENDPOINT": "http://127.0.0.1:9"} if "data_root" in bad else None
     r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(path), check=False, env=env)
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "invalid configuration" in out and "Job stats" not in out

@@ -1,4 +1,4 @@
-"""Offline task scorers and benchmark loaders (real local files: ../shared/data)."""
+"""Task scorers (lm-eval's task definitions and metrics) and benchmark loaders (real mirror files: ../shared/data)."""
 
 import json
 import os
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dscout.bench.scoring import extract_gsm8k_answer, last_boxed, score, score_humaneval, score_math, score_mbpp
+from dscout.bench.scoring import extract_gsm8k_answer, score, score_humaneval, score_math500, score_mbpp
 from dscout.data.benchmarks import BENCHMARKS, load_benchmark
 from dscout.data.paths import data_file
 from dscout.data.prompts import load_training_prompts
@@ -14,19 +14,23 @@ from dscout.data.prompts import load_training_prompts
 DATA = Path(os.environ.get("DSCOUT_DATA_ROOT", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
-def test_gsm8k_answer_extraction():
-    assert extract_gsm8k_answer("so the total is \\boxed{1,234}.") == "1234"
-    assert extract_gsm8k_answer("First 3 apples, then 5 more: 8 apples.") == "8"
+def test_gsm8k_is_lm_evals_flexible_extract_exact_match():
+    assert extract_gsm8k_answer("so the total is \\boxed{1,234}.") == "1,234"  # the filter keeps the comma...
+    assert score("gsm8k", "so the total is \\boxed{1,234}.", {"target": "6 * 200 + 34 = 1234\n#### 1234"})
+    assert extract_gsm8k_answer("First 3 apples, then 5 more: 8 apples.") == "8"  # last number
     assert score("gsm8k", "The answer is \\boxed{72}", {"answer": "72"})
     assert not score("gsm8k", "The answer is \\boxed{71}", {"answer": "72"})
-    assert score("gsm8k", "It costs $18.00 in total.", {"answer": "18"})
+    assert score("gsm8k", "It costs $18 in total.", {"answer": "18"})  # "$" is in the task's regexes_to_ignore
+    assert not score("gsm8k", "It costs $18.00 in total.", {"answer": "18"})  # exact match, not numeric
+    assert extract_gsm8k_answer("no numbers here") == "[invalid]"
 
 
-def test_math_boxed_normalisation():
-    assert last_boxed("a \\boxed{\\frac{1}{2}} b") == "\\frac{1}{2}"
-    assert score_math("\\boxed{\\dfrac{1}{2}}", {"answer": "\\frac{1}{2}"})
-    assert score_math("\\boxed{ 3 }", {"answer": "3"})
-    assert not score_math("no box", {"answer": "3"})
+def test_math500_is_minerva_math_verify():
+    ref = {"answer": "\\frac{1}{2}", "solution": "Half of it: $\\boxed{\\frac{1}{2}}$."}
+    assert score_math500("so \\boxed{\\dfrac{1}{2}}", ref)
+    assert score_math500("The answer is \\boxed{0.5}.", ref)  # equivalence, not string match
+    assert score_math500("\\boxed{ 3 }", {"answer": "3"})
+    assert not score_math500("so \\boxed{2}", ref)
 
 
 def test_code_scorers_run_the_tests():
@@ -37,6 +41,8 @@ def test_code_scorers_run_the_tests():
     assert score_mbpp("```python\ndef sq(x):\n    return x * x\n```", mref)
     assert not score_mbpp("def sq(x): return x", mref)
     assert score("humaneval", "x", ref) is None  # executing model code is opt-in
+    assert score("humaneval", "```python\ndef add(a, b):\n    return a + b\n```", ref, execute_code=True)
+    assert not score_mbpp("```python\ndef sq(x):\n    while True: pass\n```", mref, timeout=1.0)  # timeout
 
 
 @pytest.mark.parametrize("name", list(BENCHMARKS))

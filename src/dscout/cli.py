@@ -43,7 +43,10 @@ def load_target(target_dir: str, stage: dict | None = None):
     info = json.loads((Path(target_dir) / "target.json").read_text())
     t = info.get("stage", stage or {})
     dtype = getattr(torch, t.get("dtype", "float32"))
-    return TargetModel.load(info["load_from"], dtype=dtype, device=_device(t.get("device", "auto")),
+    load_from = info["load_from"]
+    if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
+        load_from = str(target_dir)  # a materialised target, read from another working directory
+    return TargetModel.load(load_from, dtype=dtype, device=_device(t.get("device", "auto")),
                             attn_implementation=t.get("attn_implementation"))
 
 
@@ -195,16 +198,29 @@ def cmd_bench(a):
         records = run_benchmark(target, methods, prompts, benchmark=a.benchmark, max_new_tokens=max_new,
                                 temperature=a.temperature, repeat=repeat, chat=st["chat"],
                                 near_tie_epsilon=st["near_tie_epsilon"], score_outputs=b.get("score", True),
+                                execute_code=b.get("confirm_run_unsafe_code", False),
                                 warmup=repeat == 0, prefill_store=prefills)
         for m in methods:
             write_records(records[m.key], out / f"r{repeat}" / f"{m.key}.jsonl")
     write_resolved(out / "config.resolved.json", st)
 
 
+def cmd_accuracy(a):
+    from dscout.bench.accuracy import evaluate_accuracy
+    from dscout.config import write_resolved
+    from dscout.data.paths import data_root
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    target = load_target(a.target)
+    evaluate_accuracy(target, a.benchmark, data_root(a.data_root), a.out, st)
+    write_resolved(Path(a.out).parent / "config.resolved.json", st)
+
+
 def cmd_table3(a):
     from dscout.analysis.tables import write_table3
 
-    write_table3(a.records, a.out_prefix, json.loads(a.stage))
+    write_table3(a.records, a.out_prefix, json.loads(a.stage), accuracy_paths=a.accuracy)
 
 
 def _first_turn_ids(tokenizer, items, chat: dict) -> list[list[int]]:
@@ -346,6 +362,13 @@ def cmd_fig2(a):
     write_fig2(a.records, a.out_prefix, json.loads(a.stage))
 
 
+def cmd_fetch_data(a):
+    from dscout.data.fetch import fetch_mirror
+
+    written = fetch_mirror(a.out, benchmarks=a.benchmarks, sources=a.sources, force=a.force)
+    print(f"{len(written)} mirror files written under {a.out}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="dscout", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -361,6 +384,13 @@ def main(argv=None):
         p.set_defaults(fn=fn)
         return p
 
+    p = sub.add_parser("fetch-data", help="write a data mirror from the hub (for compute nodes without internet)")
+    p.add_argument("--out", required=True, help="the mirror folder (point data_root or $DSCOUT_DATA_ROOT at it)")
+    p.add_argument("--benchmarks", nargs="*", default=None, help="benchmark names (default: all six)")
+    p.add_argument("--sources", nargs="*", default=None,
+                   help="training-prompt sources (default: every source with a hub copy)")
+    p.add_argument("--force", action="store_true", help="refetch files that exist")
+    p.set_defaults(fn=cmd_fetch_data)
     p = add("prepare-target", cmd_prepare_target, "materialise the target (GGUF -> safetensors) once")
     p.add_argument("--out", required=True)
     p = add("generate", cmd_generate, "regenerate training responses with the target")
@@ -389,8 +419,14 @@ def main(argv=None):
     p.add_argument("--drafter", action="append", help="name=dir of a trained drafter (repeatable)")
     p.add_argument("--out-dir", required=True)
     p.add_argument("--data-root", default=None)
+    p = add("accuracy", cmd_accuracy, "the target's task accuracy on one benchmark (greedy AR, batched, lm-eval metrics)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--benchmark", required=True)
+    p.add_argument("--out", required=True, help="the JSONL of scored answers to write")
+    p.add_argument("--data-root", default=None)
     p = add("table3", cmd_table3, "Table 3 from raw records")
     p.add_argument("--records", nargs="+", required=True)
+    p.add_argument("--accuracy", nargs="*", default=[], help="the accuracy jobs' JSONL files (optional)")
     p.add_argument("--out-prefix", required=True)
     p = add("fig2", cmd_fig2, "Figure 2 from raw records")
     p.add_argument("--records", nargs="+", required=True)

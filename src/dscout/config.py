@@ -28,6 +28,7 @@ STAGE_CODE = {
     "features": ["models/target.py", "training/features.py", "data/responses.py"],
     "train": ["models", "training", "data/responses.py"],
     "bench": ["models", "decoding", "bench", "data"],
+    "accuracy": ["models/target.py", "bench/accuracy.py", "bench/scoring.py", "data"],
     "analysis": ["analysis"],
     "depth": ["models", "training", "decoding", "experiments", "data"],
     "serving": ["models", "decoding", "batched", "data"],
@@ -123,14 +124,16 @@ def check_plan(config: dict, source: str = "config") -> None:
     * a method's (or the serving table's, or the depth search's) block size above the largest training horizon
       of its DFlash/DScout drafter (a drafter decodes at any bs up to the horizon it was trained at);
     * ``target.mask_token_id`` outside ``[0, target.vocab_size)`` (the mask must be an existing embedding row);
-    * a missing data folder or benchmark / prompt file that a stage of this config reads.
+    * a benchmark / prompt source that a stage of this config reads with neither a mirror file under
+      ``data_root`` nor a reachable hub copy (the message says how to fetch one).
 
     Raises:
         ValueError: listing every problem, each naming its config key (e.g. ``methods[2].block_size``).
     """
     from .data.benchmarks import get_benchmark
+    from .data.hub import hub_offline, hub_reachable
     from .data.paths import ENV_VAR, data_root
-    from .data.prompts import PROMPT_SOURCES
+    from .data.prompts import prompt_source
 
     problems: list[str] = []
     t = config["target"]
@@ -174,27 +177,39 @@ def check_plan(config: dict, source: str = "config") -> None:
             problems.append(f"depth_search.block_size: {d['block_size']} exceeds the largest training horizon "
                             f"{h} of recipe '{d['recipe']}'")
 
+    acc, b_cfg = config.get("accuracy", {}), config.get("benchmarks", {})
+    if acc.get("enabled") and not b_cfg.get("confirm_run_unsafe_code"):
+        for n in [n for n in acc.get("benchmarks", []) if n in ("humaneval", "mbpp")]:
+            problems.append(f"accuracy.benchmarks: {n} is scored by running model-written code, which needs "
+                            "benchmarks.confirm_run_unsafe_code: true (opt-in, as lm-eval's --confirm_run_unsafe_code)")
     root = data_root(config.get("data_root"))
-    needed: dict[str, str] = {}
+    needed: dict[str, tuple] = {}  # mirror file -> (config key, hub copy, what)
     b = config.get("benchmarks", {})
     for key, names in (("benchmarks.names", b.get("names", [])),
                        ("study.benchmarks", config.get("study", {}).get("benchmarks", [])
                         if config.get("study", {}).get("enabled") else []),
                        ("depth_search.benchmarks", d.get("benchmarks", []) if d.get("enabled") else []),
-                       ("serving.benchmarks", s.get("benchmarks", []) if s.get("enabled") else [])):
+                       ("serving.benchmarks", s.get("benchmarks", []) if s.get("enabled") else []),
+                       ("accuracy.benchmarks", config.get("accuracy", {}).get("benchmarks", [])
+                        if config.get("accuracy", {}).get("enabled") else [])):
         for n in names:
-            needed.setdefault(get_benchmark(n).local_file, key)
+            bench = get_benchmark(n)
+            needed.setdefault(bench.local_file, (key, bench.hub, f"benchmark {n}"))
     for i, src in enumerate(config.get("responses", {}).get("sources", [])):
-        if src["name"] in PROMPT_SOURCES:
-            needed.setdefault(PROMPT_SOURCES[src["name"]][0], f"responses.sources[{i}]")
-    if needed and not root.is_dir():
-        problems.append(f"data_root: the data folder {root} does not exist (from "
-                        f"{'$' + ENV_VAR if os.environ.get(ENV_VAR) else 'config key data_root'}); point "
-                        f"data_root or ${ENV_VAR} at a folder laid out like the project's shared/data")
-    elif needed:
-        for rel, key in needed.items():
-            if not (root / rel).exists():
-                problems.append(f"{key}: needs {root / rel}, which does not exist (data_root = {root})")
+        ps = prompt_source(src["name"])
+        needed.setdefault(ps.local_file, (f"responses.sources[{i}]", ps.hub, f"prompt source {ps.name}"))
+    missing = {rel: v for rel, v in needed.items() if not (root / rel).exists()}
+    from_hub = {rel: v for rel, v in missing.items() if v[1] is not None and not Path(v[1].path).is_dir()}
+    hub_ok = bool(from_hub) and (hub_offline() or hub_reachable())  # offline: datasets' cache may hold them
+    unreadable = [(rel, v) for rel, v in missing.items() if v[1] is None or (rel in from_hub and not hub_ok)]
+    if unreadable:
+        where = "$" + ENV_VAR if os.environ.get(ENV_VAR) else "config key data_root"
+        lines = "; ".join(f"{key}: {what} ({'no hub copy' if hub is None else hub.describe()}) needs {root / rel}"
+                          for rel, (key, hub, what) in unreadable)
+        problems.append(f"data_root: {len(unreadable)} source(s) have no mirror file under {root} (from {where}) "
+                        f"and {'the hub cannot be reached' if from_hub else 'no hub copy'} — {lines}. "
+                        "Run `dscout fetch-data --out DIR` (or `snakemake --cores 1 fetch_data`) on a machine "
+                        "with internet and point data_root / $" + ENV_VAR + " at DIR (layout: docs/data.md).")
     if problems:
         raise ValueError(f"invalid configuration ({source}):\n" + "\n".join(f"  {p}" for p in problems))
 
@@ -317,13 +332,29 @@ def bench_stage(cfg: dict) -> dict:
     b = cfg["benchmarks"]
     t = cfg["target"]
     return {"target": target_id(cfg), "benchmarks": {k: b[k] for k in ("num_prompts", "max_new_tokens", "seed",
-                                                                               "cpu_packed_linear")},
+                                                                               "cpu_packed_linear", "score",
+                                                                               "confirm_run_unsafe_code")},
             "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
                      "stop_tokens": t.get("stop_tokens")}}
 
 
 def bench_id(cfg: dict) -> str:
     return f"{cfg['target']['name']}-{short_hash(bench_stage(cfg))}"
+
+
+def accuracy_stage(cfg: dict) -> dict:
+    """What the target's accuracy records depend on: the target, the sample, the answer budget, the chat."""
+    a, b, t = cfg["accuracy"], cfg["benchmarks"], cfg["target"]
+    return {"target": target_id(cfg),
+            "accuracy": {"num_prompts": a["num_prompts"], "max_new_tokens": a["max_new_tokens"],
+                         "batch_size": a["batch_size"], "seed": b["seed"],
+                         "confirm_run_unsafe_code": b["confirm_run_unsafe_code"]},
+            "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
+                     "stop_tokens": t.get("stop_tokens")}}
+
+
+def accuracy_id(cfg: dict) -> str:
+    return f"{cfg['target']['name']}-{short_hash(accuracy_stage(cfg))}"
 
 
 def write_resolved(path: str | Path, stage_config: dict) -> None:

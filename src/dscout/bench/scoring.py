@@ -1,128 +1,139 @@
-"""Task accuracy of benchmark outputs, offline: the benchmarks' standard scorers.
+"""Task accuracy of benchmark outputs through lm-eval's own task definitions and metric code (lm-eval 0.4.13).
 
-* GSM8K: exact match of the final number (the ``\\boxed{}`` answer the prompt asks for, else the last number in
-  the text) against the number after ``####`` in the reference solution, compared numerically (commas and a
-  trailing ``.`` stripped), as in the GSM8K paper's scorer and lm-eval's ``flexible-extract`` filter.
-* MATH-500: exact match of the normalised ``\\boxed{}`` content against the reference answer (whitespace,
-  ``\\left``/``\\right``, ``\\!``, ``$`` and ``\\text{}`` wrappers removed; numbers compared numerically).
-* HumanEval / MBPP: pass@1 by running the benchmark's tests on the first python code block in a subprocess with
-  a timeout (off unless ``execute_code`` is True: running model-written code is the user's decision).
-* LiveCodeBench (no offline test cases) and MT-Bench (needs an LLM judge): not scored (None).
+* GSM8K: the ``gsm8k`` task's ``flexible-extract`` filter (its regex, last match) then its ``exact_match`` metric
+  with the task's ``regexes_to_ignore`` against the reference solution (``... #### 72``), both read from lm-eval's
+  ``tasks/gsm8k/gsm8k.yaml`` and built with lm-eval's filter and metric registries.
+* MATH-500: the ``minerva_math500`` task's ``process_results`` (lm-eval's ``tasks/minerva_math/utils.py``); we
+  report its ``math_verify`` metric (math-verify's equivalence of the output against the reference solution), the
+  one that reads a ``\\boxed{}`` answer as our prompt asks for it.
+* HumanEval / MBPP: pass@1 by executing the program the ``humaneval_instruct`` / ``mbpp_instruct`` tasks build
+  (the first python code block of the answer, HumanEval's prompt prepended when the answer omits the signature;
+  then the task's tests: ``test`` + ``check(entry_point)``, or MBPP's ``test_list``), each in its own Python
+  subprocess with a timeout. As in lm-eval, running model-written code is opt-in (its ``unsafe_code`` tasks need
+  ``--confirm_run_unsafe_code``; here the config key ``benchmarks.confirm_run_unsafe_code``). lm-eval itself
+  executes through the hub metric ``evaluate.load("code_eval")``, which needs the hub at import, so the
+  execution step is ours.
+* LiveCodeBench (needs its own harness and hidden test cases) and MT-Bench (needs an LLM judge): None.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import tempfile
+from functools import lru_cache
 
-_NUM = re.compile(r"-?\d[\d,]*\.?\d*")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (braces balanced), or None."""
-    i = text.rfind("\\boxed")
-    if i < 0:
-        return None
-    j = text.find("{", i)
-    if j < 0:
-        return None
-    depth = 0
-    for k in range(j, len(text)):
-        if text[k] == "{":
-            depth += 1
-        elif text[k] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[j + 1:k]
-    return None
+CODE_TIMEOUT_SECONDS = 10.0
 
 
-def _to_number(s: str) -> float | None:
-    s = s.replace(",", "").replace("$", "").strip().rstrip(".")
-    try:
-        return float(s)
-    except ValueError:
-        return None
+def _lm_eval_task_yaml(relative: str) -> dict:
+    import lm_eval
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    return load_yaml(os.path.join(os.path.dirname(lm_eval.__file__), "tasks", relative), resolve_func=False)
 
 
-def extract_gsm8k_answer(text: str) -> str | None:
-    """The model's final answer: the boxed content's last number, else the last number in the text."""
-    boxed = last_boxed(text)
-    source = boxed if boxed is not None else text
-    nums = _NUM.findall(source)
-    return nums[-1].replace(",", "").rstrip(".") if nums else (boxed.strip() if boxed else None)
+@lru_cache(maxsize=None)
+def _gsm8k_scorer():
+    """(filter pipeline, metric, metric kwargs) of lm-eval's gsm8k task, ``flexible-extract``."""
+    from lm_eval.api.registry import get_metric
+    from lm_eval.filters import build_filter_ensemble
+
+    cfg = _lm_eval_task_yaml("gsm8k/gsm8k.yaml")
+    spec = next(f for f in cfg["filter_list"] if f["name"] == "flexible-extract")
+    ensemble = build_filter_ensemble(spec["name"], [(c["function"], {k: v for k, v in c.items() if k != "function"})
+                                                    for c in spec["filter"]])
+    metric = next(m for m in cfg["metric_list"] if m["metric"] == "exact_match")
+    kwargs = {k: v for k, v in metric.items() if k not in ("metric", "aggregation", "higher_is_better")}
+    return [make() for make in ensemble.filters], get_metric("exact_match"), kwargs
+
+
+def extract_gsm8k_answer(text: str) -> str:
+    """The answer lm-eval's gsm8k ``flexible-extract`` filter takes from a response (``[invalid]`` if none)."""
+    filters, _, _ = _gsm8k_scorer()
+    out = [[text]]
+    for f in filters:
+        out = f.apply(out, [{}])
+    return list(out)[0]
 
 
 def score_gsm8k(text: str, reference: dict) -> bool:
-    pred = extract_gsm8k_answer(text)
-    if pred is None:
-        return False
-    a, b = _to_number(pred), _to_number(reference["answer"])
-    return a is not None and b is not None and abs(a - b) < 1e-6
+    """lm-eval gsm8k exact match (flexible-extract) of a response against the reference solution.
+
+    Args:
+        reference: ``{"target": "<solution> #### 72"}`` (the dataset's answer field) or ``{"answer": "72"}``.
+    """
+    _, metric, kwargs = _gsm8k_scorer()
+    target = reference.get("target") or f"#### {reference['answer']}"
+    return bool(metric(references=[target], predictions=[extract_gsm8k_answer(text)], **kwargs)["exact_match"])
 
 
-def normalize_math(s: str) -> str:
-    s = s.strip()
-    s = re.sub(r"\\text\{(.*?)\}", r"\1", s)
-    for tok in ("\\left", "\\right", "\\!", "\\,", "\\;", "$", " ", "^\\circ", "^{\\circ}"):
-        s = s.replace(tok, "")
-    s = s.replace("dfrac", "frac").replace("tfrac", "frac")
-    return s.rstrip(".")
+def score_math500(text: str, reference: dict) -> bool:
+    """lm-eval minerva_math500's ``math_verify`` metric: is the response's answer equivalent to the solution's?
 
+    Args:
+        reference: ``{"answer": ..., "solution": ...}`` (MATH-500 fields); the solution falls back to
+            ``\\boxed{answer}`` when absent.
+    """
+    from lm_eval.tasks.minerva_math.utils import process_results
 
-def score_math(text: str, reference: dict) -> bool:
-    pred = last_boxed(text)
-    if pred is None:
-        return False
-    p, r = normalize_math(pred), normalize_math(reference["answer"])
-    if p == r:
-        return True
-    a, b = _to_number(p), _to_number(r)
-    return a is not None and b is not None and abs(a - b) < 1e-6
+    doc = {"answer": reference["answer"], "solution": reference.get("solution") or f"\\boxed{{{reference['answer']}}}"}
+    return bool(process_results(doc, [text])["math_verify"])
 
 
 def first_code_block(text: str) -> str:
+    """The first fenced python block of a response (the whole text if it has none)."""
     m = re.search(r"```(?:python|py)?\n(.*?)```", text, re.S)
     return m.group(1) if m else text
 
 
-def _run_python(code: str, timeout: float) -> bool:
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=True) as f:
-        f.write(code)
-        f.flush()
+def run_python(program: str, timeout: float = CODE_TIMEOUT_SECONDS) -> bool:
+    """Run a program in a fresh Python subprocess; True iff it exits 0 within ``timeout`` seconds."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "program.py")
+        with open(path, "w") as f:
+            f.write(program)
         try:
-            r = subprocess.run([sys.executable, f.name], capture_output=True, timeout=timeout)
+            r = subprocess.run([sys.executable, path], capture_output=True, timeout=timeout, cwd=d)
         except subprocess.TimeoutExpired:
             return False
     return r.returncode == 0
 
 
-def score_humaneval(text: str, reference: dict, timeout: float = 10.0) -> bool:
+def humaneval_program(text: str, reference: dict) -> str:
+    """The candidate program plus HumanEval's tests (``test`` + ``check(entry_point)``, the task's target)."""
     code = first_code_block(text)
     if f"def {reference['entry_point']}" not in code:
         code = reference["prompt"] + code
-    program = code + "\n\n" + reference["test"] + f"\n\ncheck({reference['entry_point']})\n"
-    return _run_python(program, timeout)
+    return code + "\n\n" + reference["test"] + f"\n\ncheck({reference['entry_point']})\n"
 
 
-def score_mbpp(text: str, reference: dict, timeout: float = 10.0) -> bool:
-    code = first_code_block(text)
-    program = "\n".join(reference.get("imports", [])) + "\n" + code + "\n\n" + "\n".join(reference["tests"]) + "\n"
-    return _run_python(program, timeout)
+def mbpp_program(text: str, reference: dict) -> str:
+    """The candidate program plus MBPP's ``test_imports`` and ``test_list`` assertions."""
+    return ("\n".join(reference.get("imports", [])) + "\n" + first_code_block(text) + "\n\n"
+            + "\n".join(reference["tests"]) + "\n")
+
+
+def score_humaneval(text: str, reference: dict, timeout: float = CODE_TIMEOUT_SECONDS) -> bool:
+    return run_python(humaneval_program(text, reference), timeout)
+
+
+def score_mbpp(text: str, reference: dict, timeout: float = CODE_TIMEOUT_SECONDS) -> bool:
+    return run_python(mbpp_program(text, reference), timeout)
+
+
+SCORERS = {"gsm8k": score_gsm8k, "math500": score_math500, "humaneval": score_humaneval, "mbpp": score_mbpp}
+EXECUTES_CODE = {"humaneval", "mbpp"}
 
 
 def score(benchmark: str, text: str, reference: dict | None, execute_code: bool = False) -> bool | None:
-    """Task accuracy of one output, or None where the benchmark has no offline scorer."""
-    if reference is None:
+    """Task accuracy of one output (True/False), or None: no scorer, or code execution not confirmed."""
+    if reference is None or benchmark not in SCORERS or (benchmark in EXECUTES_CODE and not execute_code):
         return None
-    if benchmark == "gsm8k":
-        return score_gsm8k(text, reference)
-    if benchmark == "math500":
-        return score_math(text, reference)
-    if benchmark == "humaneval" and execute_code:
-        return score_humaneval(text, reference)
-    if benchmark == "mbpp" and execute_code:
-        return score_mbpp(text, reference)
-    return None
+    return SCORERS[benchmark](text, reference)
+
+
+__all__ = ["SCORERS", "extract_gsm8k_answer", "first_code_block", "humaneval_program", "mbpp_program",
+           "run_python", "score", "score_gsm8k", "score_humaneval", "score_math500", "score_mbpp"]

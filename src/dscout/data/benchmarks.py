@@ -1,20 +1,19 @@
-"""Benchmark registry: name -> hub id, local file, prompt template, turns and scorer.
+"""Benchmark registry: name -> hub copy, mirror file, prompt template, turns and scorer.
 
-Prompt templates follow the DFlash benchmark harness (dflash-reference §4.3), written in our words where the
-upstream text is free prose. Subsets are drawn reproducibly: ``random.Random(seed).shuffle`` over the file's
-rows, then the first ``n`` (z-lab/dflash ``benchmark.py`` style; recorded as ``selection`` in every record).
+Rows load through ``datasets.load_dataset`` from the mirror file under ``data_root`` or, without one, from the
+hub copy upstream harnesses use (:mod:`dscout.data.hub`). Prompt templates follow the DFlash benchmark harness
+(z-lab/dflash ``benchmark.py``), written in our words where the upstream text is free prose. Subsets are drawn
+reproducibly: ``random.Random(seed).shuffle`` over the rows, then the first ``n`` (recorded as ``selection`` in
+every record).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-from .paths import data_file
+from .hub import HubSource, load_rows
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -36,65 +35,64 @@ class BenchmarkPrompt:
     reference: dict | None = None
 
 
+LCB_FILE = "livecodebench/codegen_release_v5_880problems_from_submissions_O1-Mini-2024-09-12_N1.json"
+
+
 @dataclass(frozen=True)
 class Benchmark:
+    """One benchmark: where its rows live and how a row becomes a prompt.
+
+    Attributes:
+        name: registry name (config ``benchmarks.names``).
+        hub: the hub copy upstream harnesses load.
+        local_file: the mirror file under ``data_root`` (read first when present).
+        loader: ``(rows, origin) -> prompts``; rows use the mirror's field names, origin labels errors.
+        scorer: the accuracy scorer in :mod:`dscout.bench.scoring`, or None (unscored).
+        turns: user turns per prompt.
+        from_hub: maps a hub row to the mirror's field names (None: the same names).
+        notes: what is special (shown in docs).
+    """
+
     name: str
-    hub_id: str
+    hub: HubSource
     local_file: str
-    loader: Callable[[Path], list[BenchmarkPrompt]]
+    loader: Callable[[list[dict], str], list[BenchmarkPrompt]]
     scorer: str | None = None
     turns: int = 1
+    from_hub: Callable[[dict], dict] | None = None
     notes: str = ""
 
 
-def _jsonl(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, row {i}: not valid JSON ({err.msg})") from err
-    return rows
-
-
-def _json_array(path: Path) -> list[dict]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from err
-
-
-def _field(path: Path, row: int, rec: dict, name: str):
-    if name not in rec:
+def _field(path, row: int, rec: dict, name: str):
+    """``rec[name]``; a missing (or null) field raises KeyError naming the file, the row and the field."""
+    if rec.get(name) is None:
         raise KeyError(f"{path}, row {row}: missing field '{name}'")
     return rec[name]
 
 
-def _gsm8k(path: Path) -> list[BenchmarkPrompt]:
+def _gsm8k(rows: list[dict], path: str) -> list[BenchmarkPrompt]:
     out = []
-    for i, r in enumerate(_jsonl(path), 1):
-        answer = str(_field(path, i, r, "answer")).split("####")[-1].strip().replace(",", "")
+    for i, r in enumerate(rows, 1):
+        solution = str(_field(path, i, r, "answer"))
+        answer = solution.split("####")[-1].strip().replace(",", "")
         out.append(BenchmarkPrompt("gsm8k", f"gsm8k-{i - 1}", (_field(path, i, r, "question") + MATH_SUFFIX,),
-                                   {"answer": answer}))
+                                   {"answer": answer, "target": solution}))
     return out
 
 
-def _math500(path: Path) -> list[BenchmarkPrompt]:
+def _math500(rows: list[dict], path: str) -> list[BenchmarkPrompt]:
     out = []
-    for i, r in enumerate(_jsonl(path), 1):
-        out.append(BenchmarkPrompt("math500", str(r.get("unique_id", i - 1)),
+    for i, r in enumerate(rows, 1):
+        out.append(BenchmarkPrompt("math500", str(r.get("unique_id") or i - 1),
                                    (_field(path, i, r, "problem") + MATH_SUFFIX,),
-                                   {"answer": str(_field(path, i, r, "answer"))}))
+                                   {"answer": str(_field(path, i, r, "answer")),
+                                    "solution": str(r.get("solution") or "")}))
     return out
 
 
-def _humaneval(path: Path) -> list[BenchmarkPrompt]:
+def _humaneval(rows: list[dict], path: str) -> list[BenchmarkPrompt]:
     out = []
-    for i, r in enumerate(_jsonl(path), 1):
+    for i, r in enumerate(rows, 1):
         prompt = _field(path, i, r, "prompt")
         text = ("Write a solution to the following problem and make sure that it passes the tests:\n"
                 f"```python\n{prompt}\n```")
@@ -104,20 +102,18 @@ def _humaneval(path: Path) -> list[BenchmarkPrompt]:
     return out
 
 
-def _mbpp(path: Path) -> list[BenchmarkPrompt]:
-    rows = _json_array(path)
+def _mbpp(rows: list[dict], path: str) -> list[BenchmarkPrompt]:
     out = []
     for i, r in enumerate(rows, 1):
         tid = int(_field(path, i, r, "task_id"))
         if not 11 <= tid <= 510:  # the sanitized test split DFlash loads
             continue
         out.append(BenchmarkPrompt("mbpp", f"mbpp-{tid}", (_field(path, i, r, "prompt"),),
-                                   {"tests": r.get("test_list", []), "imports": r.get("test_imports", [])}))
+                                   {"tests": r.get("test_list") or [], "imports": r.get("test_imports") or []}))
     return out
 
 
-def _livecodebench(path: Path) -> list[BenchmarkPrompt]:
-    rows = _json_array(path)
+def _livecodebench(rows: list[dict], path: str) -> list[BenchmarkPrompt]:
     out = []
     for i, r in enumerate(rows, 1):
         q = _field(path, i, r, "question_content")
@@ -134,31 +130,50 @@ def _livecodebench(path: Path) -> list[BenchmarkPrompt]:
     return out
 
 
-def _mt_bench(path: Path) -> list[BenchmarkPrompt]:
+def _mt_bench(rows: list[dict], path: str) -> list[BenchmarkPrompt]:
     out = []
-    for i, r in enumerate(_jsonl(path), 1):
+    for i, r in enumerate(rows, 1):
         turns = tuple(_field(path, i, r, "turns"))
-        out.append(BenchmarkPrompt("mt_bench", f"mt-{r.get('question_id', i)}", turns,
+        out.append(BenchmarkPrompt("mt_bench", f"mt-{r.get('question_id') or i}", turns,
                                    {"category": r.get("category")}))
     return out
 
 
-BENCHMARKS: dict[str, Benchmark] = {
-    "gsm8k": Benchmark("gsm8k", "openai/gsm8k:main/test", "gsm8k/test.jsonl", _gsm8k, scorer="gsm8k"),
-    "math500": Benchmark("math500", "HuggingFaceH4/MATH-500:test", "math500/test.jsonl", _math500,
-                         scorer="math"),
-    "humaneval": Benchmark("humaneval", "openai/openai_humaneval:test", "humaneval/HumanEval.jsonl.gz",
-                           _humaneval, scorer="humaneval"),
-    "mbpp": Benchmark("mbpp", "google-research-datasets/mbpp:sanitized/test", "mbpp/sanitized-mbpp.json",
-                      _mbpp, scorer="mbpp"),
-    "livecodebench": Benchmark(
-        "livecodebench", "livecodebench/code_generation_lite:release_v5",
-        "livecodebench/codegen_release_v5_880problems_from_submissions_O1-Mini-2024-09-12_N1.json",
-        _livecodebench, scorer=None, notes="release_v5 (880 problems); no test cases offline, so no pass@1"),
-    "mt_bench": Benchmark("mt_bench", "HuggingFaceH4/mt_bench_prompts:train", "mt_bench/question.jsonl",
-                          _mt_bench, scorer=None, turns=2, notes="two turns; scoring needs an LLM judge"),
-}
+_LCB_FIELDS = ("question_title", "question_content", "platform", "question_id", "contest_id", "contest_date",
+               "starter_code", "difficulty")
 
+
+def _lcb_from_hub(row: dict) -> dict:
+    """The problem fields of a LiveCodeBench hub row (its test cases are megabytes and unused for prompts)."""
+    return {k: row.get(k) for k in _LCB_FIELDS}
+
+
+def _mt_bench_from_hub(row: dict) -> dict:
+    """HuggingFaceH4/mt_bench_prompts names the fields of FastChat's question.jsonl differently."""
+    return {"question_id": row.get("prompt_id"), "category": row.get("category"), "turns": row.get("prompt"),
+            "reference": row.get("reference")}
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "gsm8k": Benchmark("gsm8k", HubSource("openai/gsm8k", "main", "test"), "gsm8k/test.jsonl", _gsm8k,
+                       scorer="gsm8k"),
+    "math500": Benchmark("math500", HubSource("HuggingFaceH4/MATH-500", None, "test"), "math500/test.jsonl",
+                         _math500, scorer="math500"),
+    "humaneval": Benchmark("humaneval", HubSource("openai/openai_humaneval", None, "test"),
+                           "humaneval/HumanEval.jsonl.gz", _humaneval, scorer="humaneval"),
+    "mbpp": Benchmark("mbpp", HubSource("google-research-datasets/mbpp", "sanitized", "test"),
+                      "mbpp/sanitized-mbpp.json", _mbpp, scorer="mbpp"),
+    "livecodebench": Benchmark(
+        "livecodebench",
+        HubSource("livecodebench/code_generation_lite", None, "train",
+                  data_files=("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl")),
+        LCB_FILE, _livecodebench, scorer=None, from_hub=_lcb_from_hub,
+        notes="release_v5 (880 problems: the files test.jsonl to test5.jsonl); pass@1 needs LiveCodeBench's own "
+              "harness with its hidden tests: unscored here"),
+    "mt_bench": Benchmark("mt_bench", HubSource("HuggingFaceH4/mt_bench_prompts", None, "train"),
+                          "mt_bench/question.jsonl", _mt_bench, scorer=None, turns=2, from_hub=_mt_bench_from_hub,
+                          notes="two turns; quality needs an LLM judge (FastChat llm_judge): unscored here"),
+}
 
 def get_benchmark(name: str) -> Benchmark:
     """Registry lookup. Raises KeyError listing the valid names."""
@@ -167,17 +182,24 @@ def get_benchmark(name: str) -> Benchmark:
     return BENCHMARKS[name]
 
 
-def load_benchmark(name: str, root, num_prompts: int | None = None, seed: int = 0) -> list[BenchmarkPrompt]:
-    """Load ``num_prompts`` items of a benchmark from the local data folder.
+def benchmark_rows(name: str, root) -> tuple[list[dict], str]:
+    """A benchmark's rows (mirror field names) and their origin: the mirror file, else the hub copy."""
+    bench = get_benchmark(name)
+    return load_rows(root, bench.local_file, bench.hub, f"benchmark {name}", bench.from_hub)
 
-    The subset is ``random.Random(seed).shuffle`` of the file order, then the first ``num_prompts``.
+
+def load_benchmark(name: str, root, num_prompts: int | None = None, seed: int = 0) -> list[BenchmarkPrompt]:
+    """Load ``num_prompts`` items of a benchmark through ``datasets.load_dataset`` (mirror, else hub).
+
+    The subset is ``random.Random(seed).shuffle`` of the row order, then the first ``num_prompts``.
 
     Raises:
-        FileNotFoundError: if the local file is missing (message names the file and the config key).
-        KeyError / ValueError: for a row with a missing field or invalid JSON (file and row named).
+        DataUnavailable (a FileNotFoundError): no mirror file and no reachable hub copy (message names the
+            file, the hub id, ``dscout fetch-data`` and the ``data_root`` key).
+        KeyError / ValueError: for a row with a missing field or a file datasets cannot parse (file, row named).
     """
     bench = get_benchmark(name)
-    items = bench.loader(data_file(root, bench.local_file))
+    items = bench.loader(*benchmark_rows(name, root))
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
     if num_prompts is not None:
@@ -185,4 +207,5 @@ def load_benchmark(name: str, root, num_prompts: int | None = None, seed: int = 
     return [items[i] for i in order]
 
 
-__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkPrompt", "get_benchmark", "load_benchmark", "MATH_SUFFIX"]
+__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkPrompt", "benchmark_rows", "get_benchmark", "load_benchmark",
+           "MATH_SUFFIX"]
