@@ -1,4 +1,4 @@
-"""The drafter-depth search: lazy unimodal peak search and the linear latency fit (dscout.md §3)."""
+"""The drafter-depth search: lazy unimodal peak search and the linear latency fit (docs/method.md §5)."""
 
 import pytest
 

@@ -61,7 +61,7 @@ def test_embedding_and_head_are_frozen():
 
 
 def test_default_layer_rule_matches_upstream():
-    # dflash-reference §1.1: Qwen3-4B/8B (36 layers), 5 draft layers -> [1, 9, 17, 25, 33]
+    # docs/method.md §2: Qwen3-4B/8B (36 layers), 5 draft layers -> [1, 9, 17, 25, 33]
     assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert default_target_layer_ids(24, 5) == [1, 6, 11, 16, 21]
     assert default_target_layer_ids(36, 1) == [18]

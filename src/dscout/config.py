@@ -394,7 +394,7 @@ STUDY_PLAN: dict[str, list[int]] = {
     "mixed_short": [32],                # Table 1 {4,8,16,32} without unmasking
     "mixed_short_unmask": [32],         # Table 1 {4,8,16,32} with unmasking
 }
-"""The recipe study of Tables 1, 2 and Figures 4, 7 (dscout.md §2): which recipe is decoded at which bs."""
+"""The recipe study of Tables 1, 2 and Figures 4, 7 (docs/method.md §3): which recipe is decoded at which bs."""
 
 
 def study_drafters(cfg: dict) -> dict[str, dict]:

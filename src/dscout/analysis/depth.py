@@ -1,4 +1,4 @@
-"""Figure 5: throughput versus drafter depth, from the depth search's ``search.json`` (dscout.md §3)."""
+"""Figure 5: throughput versus drafter depth, from the depth search's ``search.json`` (docs/method.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Figure 3: the inference configuration as G = τ / T, one panel per dimension (dscout.md §3).
+"""Figure 3: the inference configuration as G = τ / T, one panel per dimension (docs/method.md §5).
 
 * conditioning depth t: FLOPs per round and measured round latency with the configured taps vs all usable target
   layers (same drafter depth; latency does not depend on the weights, so untrained drafters measure it);

@@ -1,4 +1,4 @@
-"""The paper's reported numbers (dscout.md §2, §5), for side-by-side columns labelled "paper".
+"""The paper's reported numbers (docs/method.md §3, §7), for side-by-side columns labelled "paper".
 
 Only numbers the paper states are here; nothing is interpolated.
 """

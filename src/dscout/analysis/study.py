@@ -1,4 +1,4 @@
-"""The recipe study's artifacts from raw records: Tables 1 and 2, Figures 4 and 7 (dscout.md §2).
+"""The recipe study's artifacts from raw records: Tables 1 and 2, Figures 4 and 7 (docs/method.md §3).
 
 Each study drafter is trained with one recipe of the paper's ablations (``dscout.config.STUDY_PLAN``) and
 decoded greedily through the engine; its records carry the drafter id, which the stage maps to the recipe.

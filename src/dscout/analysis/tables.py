@@ -171,7 +171,7 @@ def write_table3(record_paths, out_prefix: str, stage: dict, accuracy_paths=()) 
         lines += ["", f"Answer budget: {stage.get('accuracy_max_new_tokens', '?')} new tokens; an unfinished answer "
                   "was cut by it.", ""]
     lines += ["## Paper (reported, not measured here)", "",
-              "Six-benchmark average, temperature 0, concurrency 1, SGLang on GPUs (dscout.md §5):", "",
+              "Six-benchmark average, temperature 0, concurrency 1, SGLang on GPUs (docs/method.md §7):", "",
               "| Target | DScout(32) | DFlash(16) | EAGLE-3(60) | PARD-2 |", "|---|---|---|---|---|"]
     for tgt, m in paper.TABLE3.items():
         cells = []

@@ -4,7 +4,7 @@ For each concurrency c the same c requests (the first c prompts of the serving p
 every method: AR, DFlash at bs 16 and DScout at every candidate bs. One record per request, in the project's
 record schema with ``concurrency = c`` and the batch's wall time (``batch_decode_seconds``); throughput of a
 method at c = committed decode tokens of the batch / batch decode seconds. DScout(best) is the candidate bs with
-the highest measured throughput at that c (dscout.md §3: the best bs depends on task and concurrency).
+the highest measured throughput at that c (docs/method.md §5: the best bs depends on task and concurrency).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Written against SGLang 0.5.23 (``envs/serve.yaml``; DFLASH exists since 0.5.11):
   --speculative-num-draft-tokens <bs>``; EAGLE-3(60): ``EAGLE3`` with 7 steps, top-k 10, 60 draft tokens), a
   ``/flush_cache`` and ``c`` warm-up requests, then a closed-loop client with ``c`` workers over the real
   prompts. Per request SGLang reports ``completion_tokens``, ``e2e_latency``, ``spec_verify_ct`` and
-  ``spec_accept_length`` (= completion tokens / verify rounds, bonus included; baselines-reference §4); the
+  ``spec_accept_length`` (= completion tokens / verify rounds, bonus included; docs/method.md §6.3); the
   records use the project's schema so Tables 3 and 4 are computed by the same code on both paths.
 
 Nothing here runs on the CPU default; ``tests/test_serving.py`` parses every server command line with the pinned
@@ -75,7 +75,7 @@ def generate_responses_sglang(stage: dict, prompts: list[dict], out_path: str | 
 # ------------------------------------------------------------------------------------------- serving
 def server_command(target: str, method: dict, port: int, concurrency: int, drafter_dir: str | None = None,
                    attention_backend: str = "flashinfer", mem_fraction: float = 0.75) -> list[str]:
-    """The ``sglang.launch_server`` command of one method (baselines-reference §4; dflash-reference §4.2).
+    """The ``sglang.launch_server`` command of one method (docs/method.md §6.3).
 
     Args:
         method: ``{"kind": ar|dflash|dscout|eagle3, "block_size": bs, ...}``; EAGLE-3 also reads

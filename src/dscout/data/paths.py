@@ -1,8 +1,8 @@
 """Where the local benchmark and prompt files live: one config key, one environment variable.
 
-``data_root`` in the config (or ``DSCOUT_DATA_ROOT`` in the environment, which wins) points at a folder laid
-out like ``../shared/data`` (see its ``SOURCES.md``). Nothing is ever downloaded at run time; a missing file
-stops the stage with a message naming the file and the key to set.
+``data_root`` in the config (or ``DSCOUT_DATA_ROOT`` in the environment, which wins) points at a data mirror:
+a folder laid out as docs/data.md lists. A source missing there is read from its hub copy
+(:mod:`dscout.data.hub`); with neither, the stage stops naming the file, the hub id and how to fetch a mirror.
 """
 
 from __future__ import annotations
@@ -29,5 +29,5 @@ def data_file(root: str | os.PathLike, relative: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(
             f"data file {path} not found. Point the config key 'data_root' (or the environment variable "
-            f"{ENV_VAR}) at the folder that holds '{relative}' (the project's shared/data).")
+            f"{ENV_VAR}) at a data mirror that holds '{relative}' (docs/data.md; `dscout fetch-data` writes one).")
     return path

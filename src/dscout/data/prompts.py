@@ -126,7 +126,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict], system_prompt: str | None =
     """Token ids of a chat up to the assistant's turn (generation prompt added).
 
     ``enable_thinking=False`` turns Qwen3's thinking mode off (the DFlash Qwen3 drafters are non-thinking,
-    dflash-reference §6.6); templates without the switch ignore it.
+    docs/method.md §2); templates without the switch ignore it.
     """
     msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + list(messages)
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}

@@ -6,10 +6,10 @@ For drafts ``d_1..d_k`` verified in one target forward over ``[x, d_1, ..., d_k]
 * **Greedy** (temperature 0): accept the longest prefix with ``d_{i+1} == argmax L_i``; the bonus token is
   ``argmax L_n`` at the first mismatch (or after the last draft). The committed text equals autoregressive
   greedy decoding token for token.
-* **Sampling** (temperature T > 0): the standard rule (dscout.md §1): accept ``d`` with probability
+* **Sampling** (temperature T > 0): the standard rule (docs/method.md §1): accept ``d`` with probability
   ``min(1, p(d) / q(d))``; on rejection sample from ``norm(max(0, p - q))``; if every draft is accepted,
   sample the bonus from ``p_k``. With a deterministic (greedy) drafter ``q`` is one-hot, so ``d`` is accepted
-  with probability ``p(d)`` and a rejection samples from ``p`` with ``d`` removed (dflash-reference §3.2,
+  with probability ``p(d)`` and a rejection samples from ``p`` with ``d`` removed (docs/method.md §1,
   SGLang ``tree_speculative_sampling_target_only``). Either way the output follows the target distribution.
 """
 
@@ -110,7 +110,7 @@ def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
 
     The verify forward of a tree feeds ``[root, node_0, ..., node_{n-1}]``; with this block (plus the whole
     cached prefix) each node attends exactly to its root->node path, as in EAGLE's tree verification
-    (baselines-reference §1.7).
+    (docs/method.md §6.1).
     """
     n = parents.shape[0]
     m = torch.zeros(n + 1, n + 1, dtype=torch.bool)
@@ -173,7 +173,7 @@ def greedy_tree_accept(tokens: torch.Tensor, parents: torch.Tensor, logits: torc
 
 def sampling_tree_accept(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor, temperature: float,
                          generator: torch.Generator) -> tuple[list[int], int]:
-    """Lossless tree walk for deterministic drafts (EAGLE ``evaluate_posterior``; baselines-reference §1.7).
+    """Lossless tree walk for deterministic drafts (EAGLE ``evaluate_posterior``; docs/method.md §6.1).
 
     At node u with target distribution p, try u's children in order: accept child token x with probability
     p(x); on rejection set p(x) = 0, renormalise and try the next child; on acceptance descend. When no child is

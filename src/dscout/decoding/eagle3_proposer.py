@@ -1,6 +1,6 @@
 """EAGLE-3 drafting: dynamic token trees (EAGLE-2) or chains, from one autoregressive drafter layer.
 
-Semantics (baselines-reference §1.2, §1.4): the drafter consumes pairs ``(g_t, x_{t+1})`` (target feature at
+Semantics (docs/method.md §6.1): the drafter consumes pairs ``(g_t, x_{t+1})`` (target feature at
 position t, token at t + 1) and its output ``a_t`` predicts ``x_{t+2}``. After a verify round, target features
 exist up to the last accepted position ``P - 1`` and the bonus token ``x_P`` is known, so the pair
 ``(g_{P-1}, x_P)`` yields the first tree level (guesses of ``x_{P+1}``). Deeper levels replace the unknown target

@@ -4,7 +4,7 @@ Autoregressive decoding is this loop with no proposer: every round verifies the 
 its bonus. Speculative methods plug a proposer (:mod:`dscout.decoding.proposers`) into the same loop, so AR and
 speculative runs share the target forward, the cache handling, the sampler and the timers.
 
-One round (dflash-reference §3.1):
+One round (docs/method.md §4):
 
 1. **draft**: the proposer drafts ``k = min(bs - 1, remaining - 1)`` tokens after the last committed token x;
 2. **verify**: one target forward over ``[x, d_1..d_k]`` with the KV cache, tapping the proposer's layers;

@@ -1,5 +1,5 @@
 """PARD-2 drafting: k drafts from ONE forward of a small same-family LM over the pending real tokens plus
-``k - 1`` mask tokens, with the target's features added to the input embeddings (baselines-reference §2.2-2.3).
+``k - 1`` mask tokens, with the target's features added to the input embeddings (docs/method.md §6.2).
 
 Bookkeeping per round (AMD-AGI/PARD ``pard2_infer.py`` loop, re-expressed for our engine): the drafter cache
 holds real tokens only. Pending real tokens (committed since the last draft call) are fed with their *input*

@@ -50,7 +50,7 @@ class Draft:
 class BlockDiffusionProposer:
     """DFlash/DScout block-diffusion drafting: ``bs - 1`` drafts from one drafter forward.
 
-    Per round (dflash-reference §3.1): pending context taps are fused and their K/V written to the drafter's
+    Per round (docs/method.md §4): pending context taps are fused and their K/V written to the drafter's
     cache; the block ``[x, MASK * (bs - 1)]`` at positions ``P .. P + bs - 1`` attends to all cached context and to
     itself; the block's K/V are dropped again; drafts are the argmax (or a sample) at offsets ``1 .. bs - 1``.
 

@@ -1,4 +1,4 @@
-"""Drafter-depth search: throughput G_d = τ_d / T_d is unimodal in d, so train candidates lazily (dscout.md §3).
+"""Drafter-depth search: throughput G_d = τ_d / T_d is unimodal in d, so train candidates lazily (docs/method.md §5).
 
 Under two mild assumptions — diminishing MAT gains (Δ_{d+1} ≤ Δ_d) and linear round latency
 T_d = T_fix + d · T_layer — G_d rises then falls: once G_{d+1} < G_d it never turns positive again. The search
@@ -54,7 +54,7 @@ def unimodal_peak_search(candidates: list[int], evaluate: Callable[[int], float]
         ``(peak, evaluated)`` with ``evaluated`` the values computed, in evaluation order.
     Raises:
         ValueError: if ``candidates`` is empty.
-    Source: dscout.md §3 (unimodality of G_d in d).
+    Source: docs/method.md §5 (unimodality of G_d in d).
     """
     cands = sorted(set(candidates))
     if not cands:

@@ -1,7 +1,7 @@
 """The DFlash block-diffusion drafter (config + model in one file, like a ``transformers`` modeling file).
 
-DScout keeps DFlash's architecture unchanged (dscout.md §1); this file implements it as read in z-lab/dflash
-``dflash/model.py`` and SpecForge ``specforge/modeling/draft/dflash.py`` (dflash-reference §1):
+DScout keeps DFlash's architecture unchanged (docs/method.md §1); this file implements it as read in z-lab/dflash
+``dflash/model.py`` and SpecForge ``specforge/modeling/draft/dflash.py`` (docs/method.md §2):
 
 * **Target conditioning.** The outputs of ``t`` target layers (ids in ``config.target_layer_ids``) are
   concatenated per context token and fused once: ``c = RMSNorm(W_f [h^(l1); ...; h^(lt)])`` (``fc``,
@@ -56,7 +56,7 @@ class DFlashDrafterConfig(PreTrainedConfig):
     r"""Configuration of a DFlash-architecture drafter.
 
     Layer shapes copy the target (hidden size, heads, intermediate size, RoPE), so a drafter layer has the shape
-    of a target layer (dflash-reference §1.3). Build one from a target with :meth:`from_target`.
+    of a target layer (docs/method.md §2). Build one from a target with :meth:`from_target`.
 
     Args:
         vocab_size: the target's vocabulary size (rows of the shared embedding).
@@ -114,7 +114,7 @@ class DFlashDrafterConfig(PreTrainedConfig):
         self.validate_drafter()
 
     def validate_drafter(self) -> None:
-        """Check the fields that silently break acceptance when wrong (dflash-reference §6).
+        """Check the fields that silently break acceptance when wrong (docs/method.md §2).
 
         Raises:
             ValueError: on an out-of-range mask id or layer id, duplicate layer ids, or bad head counts.
@@ -190,7 +190,7 @@ class DFlashDrafterConfig(PreTrainedConfig):
 
 
 class DFlashDrafterAttention(nn.Module):
-    """Block queries over ``[context ; block]`` keys, non-causal (dflash-reference §1.3).
+    """Block queries over ``[context ; block]`` keys, non-causal (docs/method.md §2).
 
     Shapes: block ``z`` ``[b, Q, D]`` (after the layer's input norm), context ``c`` ``[b, C, D]`` (fused
     features, *not* input-normed). Output ``[b, Q, D]``.
@@ -244,7 +244,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class DFlashDrafterLayer(nn.Module):
-    """Pre-norm residual Qwen3 layer with :class:`DFlashDrafterAttention` (dflash-reference §1.3)."""
+    """Pre-norm residual Qwen3 layer with :class:`DFlashDrafterAttention` (docs/method.md §2)."""
 
     def __init__(self, config: DFlashDrafterConfig, layer_idx: int):
         super().__init__()
@@ -373,7 +373,7 @@ class DFlashDrafter(PreTrainedModel):
         self.draft_token_ids.copy_(used.to(self.draft_token_ids.device))
 
     def fuse_context(self, taps: torch.Tensor) -> torch.Tensor:
-        """``c = hidden_norm(fc(taps))``: ``[b, C, t * D_target]`` -> ``[b, C, D]`` (dflash-reference §1.2)."""
+        """``c = hidden_norm(fc(taps))``: ``[b, C, t * D_target]`` -> ``[b, C, D]`` (docs/method.md §2)."""
         x = taps.to(self.fc.weight.dtype)
         if self._tap_scaled:
             x = x / self.tap_scale
@@ -454,5 +454,5 @@ class DFlashDrafter(PreTrainedModel):
         for layer in self.layers:
             z = layer(z, c, block_rope, context_rope, attention_mask, past_key_values)
         if past_key_values is not None:
-            past_key_values.crop(-z.shape[1])  # keep context K/V only (dflash-reference §3.1 step 2)
+            past_key_values.crop(-z.shape[1])  # keep context K/V only (docs/method.md §4 step 2)
         return self.norm(z)

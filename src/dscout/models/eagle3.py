@@ -1,7 +1,7 @@
 """The EAGLE-3 baseline drafter (config + model in one file, like a ``transformers`` modeling file).
 
 EAGLE-3 is one of the baselines DScout is compared against; this file implements its drafter as described in
-baselines-reference §1.1 (read from SafeAILab/EAGLE ``eagle/model/cnets.py``, SGLang
+docs/method.md §6.1 (read from SafeAILab/EAGLE ``eagle/model/cnets.py``, SGLang
 ``python/sglang/srt/models/llama_eagle3.py`` and SpecForge ``specforge/training/vocab_mapping.py``). Our own code:
 
 * **Feature fusion.** Three target taps are concatenated per token, ``g_t = [h^(a); h^(b); h^(c)]`` (width
@@ -41,7 +41,7 @@ from .layer_ids import default_eagle3_layer_ids  # noqa: F401  (re-exported)
 
 # ---------------------------------------------------------------------------------------------- vocab map
 def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reduced draft vocabulary from token frequencies (EAGLE ``scandata``; baselines-reference §1.1).
+    """Reduced draft vocabulary from token frequencies (EAGLE ``scandata``; docs/method.md §6.1).
 
     Keeps the ``V_d`` most frequent ids (ties broken towards the smaller id), sorted ascending as ``used``.
 
@@ -83,7 +83,7 @@ def target_to_draft(target_ids: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor
 
 # ---------------------------------------------------------------------------------------------- config
 class Eagle3DrafterConfig(PreTrainedConfig):
-    r"""Configuration of an EAGLE-3 drafter (baselines-reference §1.1).
+    r"""Configuration of an EAGLE-3 drafter (docs/method.md §6.1).
 
     Build one from a target with :meth:`from_target` (layer shape copied from the target, ``H = H_t``).
 
@@ -407,7 +407,7 @@ def load_public_eagle3(path: str, target_config, dtype: torch.dtype = torch.bflo
     """Load a published EAGLE-3 checkpoint (``LlamaForCausalLMEagle3`` layout) into :class:`Eagle3Drafter`.
 
     Covers the layouts of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B and the SpecForge/AngelSlim exports
-    (baselines-reference §1.6): config keys ``hidden_size``, ``intermediate_size``, ``num_attention_heads``,
+    (docs/method.md §6.1): config keys ``hidden_size``, ``intermediate_size``, ``num_attention_heads``,
     ``num_key_value_heads``, ``rms_norm_eps``, ``rope_theta``, ``vocab_size``, ``draft_vocab_size``; tensors
     ``fc``, ``midlayer.*`` (or ``layers.0.*``), ``norm``, ``lm_head``, ``d2t``, ``t2d``, optionally prefixed
     ``model.``. The taps are EAGLE-3's defaults for the target (HF {2, L/2, L-3} = our ids {1, L/2-1, L-4}).

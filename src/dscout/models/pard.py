@@ -1,6 +1,6 @@
 """The PARD-2 baseline drafter: a causal LM that drafts k tokens in ONE forward with mask tokens.
 
-Read from the PARD/PARD-2 description in baselines-reference §2 (AMD-AGI/PARD ``pard/pard2_train.py``,
+Read from the PARD/PARD-2 description in docs/method.md §6.2 (AMD-AGI/PARD ``pard/pard2_train.py``,
 ``pard/pard2_infer.py``; arXiv 2605.08632). Our own implementation, not a port of upstream code:
 
 * **Parallel drafting (PARD-1).** The input is the real tokens not yet in the draft cache followed by
@@ -217,7 +217,7 @@ class Pard2Drafter(nn.Module):
                         device: str = "cpu") -> "Pard2Drafter":
         """Load a released PARD-2 drafter (e.g. ``amd/PARD2-Qwen3-8B``) by hub id or local folder. UNTESTED.
 
-        Expects the upstream export layout (baselines-reference §2.2): an HF causal LM whose config carries
+        Expects the upstream export layout (docs/method.md §6.2): an HF causal LM whose config carries
         ``pard_token``, ``pard2_target_layers``, ``pard2_scale`` (optionally in subfolder ``pard_model/``),
         and ``warp_model.bin`` holding the ``[H, F]`` target projection (its single 2-D tensor is taken,
         whatever its key).

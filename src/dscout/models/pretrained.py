@@ -1,7 +1,7 @@
 """Import a published drafter checkpoint into ``results/drafters/<id>/`` in place of training it.
 
-The cluster preset benchmarks the baselines from their public releases, as the paper did (baselines-reference
-§1.6, §2.2; dflash-reference §4.1): z-lab DFlash drafters, EAGLE-3 drafters (yuhuili / AngelSlim / SpecForge
+The cluster preset benchmarks the baselines from their public releases, as the paper did (docs/method.md
+§6): z-lab DFlash drafters, EAGLE-3 drafters (yuhuili / AngelSlim / SpecForge
 layout) and PARD-2 drafters (amd/PARD2-*). Each is converted once into the folder layout our engine loads
 for that kind, with a ``training_summary.json`` that records the source instead of training statistics.
 """

@@ -3,7 +3,7 @@
 A drafter reads hidden states of chosen target layers, the target's input embedding and its LM head. This
 module loads any ``transformers`` causal LM (Llama and Qwen3 families at least) and exposes exactly that.
 
-Layer ids follow the DFlash convention (dflash-reference §1.1): id ``l`` is the **output of decoder layer l
+Layer ids follow the DFlash convention (docs/method.md §2): id ``l`` is the **output of decoder layer l
 (0-based)**, i.e. HF ``output_hidden_states[l + 1]``, taken *before* the final norm. HF overwrites its last
 ``hidden_states`` entry with the final-normed state, so we capture taps with forward hooks on the decoder
 layers instead of reading ``hidden_states``: the convention then holds for every layer, the last included.

@@ -1,6 +1,6 @@
 """Training blocks: anchor sampling, block inputs and the multi-block attention mask.
 
-Many blocks of one sequence are trained in a single drafter forward (dflash-reference §2.3-2.4). Block ``n``
+Many blocks of one sequence are trained in a single drafter forward (docs/method.md §3). Block ``n``
 starts at an anchor ``a_n`` (a known-correct response token) and covers positions ``a_n .. a_n + B - 1``;
 offset ``k`` of the block predicts the token at ``a_n + k`` (same position, no shift). A block query sees
 
@@ -8,7 +8,7 @@ offset ``k`` of the block predicts the token at ``a_n + k`` (same position, no s
 * every key of its own block (bidirectional),
 * nothing else: no other block, so overlapping anchors cannot leak labels (SpecForge #470).
 
-The historical SpecForge bugs this layout avoids (dflash-reference §2.7): causal in-block mask (#427), labels
+The historical SpecForge bugs this layout avoids (docs/method.md §3): causal in-block mask (#427), labels
 shifted by one and the anchor's own context visible (#473), visibility decided by block index (#470).
 """
 
@@ -87,7 +87,7 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
 
 def reveal_positions(shape: tuple[int, int, int], p_full: float, beta_a: float, beta_b: float,
                      generator: torch.Generator) -> torch.Tensor:
-    """Intra-block unmasking: which block offsets are revealed as context (dscout.md §2, prediction factor).
+    """Intra-block unmasking: which block offsets are revealed as context (docs/method.md §3, prediction factor).
 
     With probability ``p_full`` a block stays fully masked (only the anchor is known). Otherwise a mask rate
     ``r ~ Beta(beta_a, beta_b)`` is drawn, ``max(1, round(r * (B - 1)))`` of the ``B - 1`` non-anchor offsets
@@ -119,7 +119,7 @@ def reveal_positions(shape: tuple[int, int, int], p_full: float, beta_a: float, 
 
 def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, keep: torch.Tensor,
                  block_size: int, mask_token_id: int, revealed: torch.Tensor | None = None) -> TrainingBlocks:
-    """Assemble block inputs and labels for the anchors (dflash-reference §2.4-2.5).
+    """Assemble block inputs and labels for the anchors (docs/method.md §3).
 
     Args:
         input_ids: ``[b, S]`` training sequence (prompt + target-generated response, right-padded).
@@ -156,7 +156,7 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
 
 def block_attention_mask(anchors: torch.Tensor, keep: torch.Tensor, seq_len: int, block_size: int
                          ) -> torch.Tensor:
-    """Dense boolean mask for many blocks in one forward (dflash-reference §2.4).
+    """Dense boolean mask for many blocks in one forward (docs/method.md §3).
 
     Keys are ``[S context tokens ; N * B block tokens]``. A query of block ``n`` may see context key ``j``
     iff ``j < a_n`` (and the block is kept), and every key of block ``n``; nothing else. Unused blocks see

@@ -1,6 +1,6 @@
 """EAGLE-3's training objective: the training-time test (TTT) unroll with decayed soft cross-entropy.
 
-Implements baselines-reference §1.2 (read from SafeAILab/EAGLE ``eagle/traineagle3/cnets.py``/``main.py`` and
+Implements docs/method.md §6.1 (read from SafeAILab/EAGLE ``eagle/traineagle3/cnets.py``/``main.py`` and
 SpecForge ``specforge/training/strategies/base.py``); our own code:
 
 * Data. The frozen target ran once: taps ``g`` ``[b, S, 3H_t]`` and logits ``P`` ``[b, S, V]``. Position ``t``
@@ -101,7 +101,7 @@ def ttt_unroll(drafter, input_ids: torch.Tensor, taps: torch.Tensor, steps: int
 def eagle3_ttt_loss(drafter, input_ids: torch.Tensor, loss_mask: torch.Tensor, taps: torch.Tensor,
                     target_logits: torch.Tensor, steps: int = 7, decay: float = 0.8
                     ) -> tuple[torch.Tensor, dict]:
-    """The EAGLE-3 training-time-test loss of one micro-batch (baselines-reference §1.2).
+    """The EAGLE-3 training-time-test loss of one micro-batch (docs/method.md §6.1).
 
     Args:
         drafter: an :class:`~dscout.models.eagle3.Eagle3Drafter` with its target attached.

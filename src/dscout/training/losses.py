@@ -1,4 +1,4 @@
-"""The factorized DScout training loss ``L_k = I_k * w^(k) * l^(k)`` (dscout.md §2).
+"""The factorized DScout training loss ``L_k = I_k * w^(k) * l^(k)`` (docs/method.md §3).
 
 Each factor is a switch of the recipe (:mod:`dscout.training.recipes`):
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 EPS = 1e-6
-"""The epsilon of the normalised objective (dscout.md §2)."""
+"""The epsilon of the normalised objective (docs/method.md §3)."""
 
 _SPECFORGE_GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
 
@@ -40,7 +40,7 @@ def positional_decay_weights(block_size: int, gamma: float | None = None) -> tor
 
     Returns:
         ``[B]`` float32.
-    Source: SpecForge ``OnlineDFlashModel.forward`` (dflash-reference §2.5, "paper Eq. 4").
+    Source: SpecForge ``OnlineDFlashModel.forward`` (docs/method.md §3, "paper Eq. 4").
     """
     g = decay_gamma(block_size) if gamma is None else gamma
     k = torch.arange(block_size, dtype=torch.float32)
@@ -76,7 +76,7 @@ def acceptance_probabilities(draft_logits: torch.Tensor, target_logprob_of: call
 def acceptance_weights(alpha: torch.Tensor) -> torch.Tensor:
     """AWL weights ``w_k = prod_{j=1}^{k-1} alpha_j`` (``w_1 = 1``; offset 0 gets 0), detached.
 
-    This is the probability that verification reaches offset k: the prefix survival ``S(k-1)`` of dscout.md §1.
+    This is the probability that verification reaches offset k: the prefix survival ``S(k-1)`` of docs/method.md §1.
 
     Args:
         alpha: ``[..., B]`` per-offset acceptance probabilities (offset 0 ignored).
@@ -121,7 +121,7 @@ def target_logprob_from_cache(final_hidden: torch.Tensor, lse: torch.Tensor, lm_
 
 
 def factorized_objective(ce: torch.Tensor, inclusion: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``sum(I * w * CE) / (sum(I * w) + eps)`` (dscout.md §2, the training objective).
+    """``sum(I * w * CE) / (sum(I * w) + eps)`` (docs/method.md §3, the training objective).
 
     Args:
         ce: ``[...]`` per-position cross-entropy (with gradient).

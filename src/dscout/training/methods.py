@@ -22,7 +22,7 @@ from .recipes import get_recipe
 
 
 class DFlashMethod:
-    """Block-diffusion drafter with a named recipe (dscout.md §2)."""
+    """Block-diffusion drafter with a named recipe (docs/method.md §3)."""
 
     kind = "dflash"
 

@@ -1,4 +1,4 @@
-"""The PARD-2 training objective: parallel mask blocks, COD, CAT-weighted CE + KL (baselines-reference §2).
+"""The PARD-2 training objective: parallel mask blocks, COD, CAT-weighted CE + KL (docs/method.md §6.2).
 
 Our own implementation of the recipe read in AMD-AGI/PARD ``pard/pard_train.py`` / ``pard/pard2_train.py``:
 

@@ -1,4 +1,4 @@
-"""Named training recipes: compositions of the three loss factors (dscout.md §2).
+"""Named training recipes: compositions of the three loss factors (docs/method.md §3).
 
 =================  ==========================  ==============  =========================
 recipe             inclusion (horizons)        weighting       prediction

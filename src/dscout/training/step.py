@@ -45,7 +45,7 @@ class FeatureBatch:
 def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anchors: int,
                           generator: torch.Generator, block_size: int | None = None, distill_weight: float = 0.0
                           ) -> tuple[torch.Tensor, dict]:
-    """Loss of one update under ``recipe`` (dscout.md §2; dflash-reference §2.3-2.5).
+    """Loss of one update under ``recipe`` (docs/method.md §3).
 
     Args:
         drafter: a :class:`~dscout.models.drafter.DFlashDrafter` with the target attached.

@@ -3,7 +3,7 @@
 The DeepSpeed JSON in ``configs/deepspeed/`` is the source of truth for precision, ZeRO stage, gradient
 clipping and the warmup + cosine schedule (``WarmupCosineLR``); ``"auto"`` fields are filled here from the
 run's step count. The optimizer is AdamW (torch, fp32 master weights), as in SpecForge's DFlash recipe
-(dflash-reference §2.6: lr 6e-4, warmup 4 %, cosine to 0, clip 1.0).
+(docs/method.md §3: lr 6e-4, warmup 4 %, cosine to 0, clip 1.0).
 
 Resumability: DeepSpeed checkpoints (model, optimizer, scheduler and the step) are saved every
 ``checkpoint_every`` steps under ``work_dir/checkpoints``; a restarted run loads the latest and continues.
