@@ -12,7 +12,7 @@ import yaml
 
 from dscout import config as dcfg
 
-from tests.workflow import PAPER_DATA_ENV, ROOT, import_guard_env, jobs_of as _jobs, snakemake
+from tests.workflow import PAPER_DATA_ENV, ROOT, SNAPSHOTS, dag_outputs, import_guard_env, jobs_of as _jobs, snakemake
 
 
 def load(*presets):
@@ -334,3 +334,13 @@ def test_analysis_notebook_rebuilds_table3_from_smoke_records(smoke_run):
     assert len(ns["records"]) > 0 and "DScout(32)" in ns["table3"].index
     assert set(ns["table3"].columns) >= {"gsm8k", "mt_bench", "average"}
     assert ns["position"].shape[0] == 16 and ns["position"].notna().any().any()
+
+
+@pytest.mark.parametrize("name", sorted(SNAPSHOTS))
+def test_dag_jobs_and_ids_equal_the_snapshot(name):
+    """Refactors keep the jobs and their ids: the default's and the paper preset's job outputs equal the snapshot
+    (tests/snapshots/; after an intended change, `python -m tests.workflow` rewrites it and the change is reviewed)."""
+    got = dag_outputs(SNAPSHOTS[name], env=PAPER_DATA_ENV if name == "paper" else None)
+    want = (ROOT / "tests" / "snapshots" / f"dag_{name}.tsv").read_text().splitlines()
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    assert not missing and not extra, f"jobs missing: {missing[:10]}\njobs new: {extra[:10]}"

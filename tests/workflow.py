@@ -71,3 +71,29 @@ def import_guard_env(work: Path, configfiles: list[str]) -> dict[str, str]:
     path = work / "import_guard.json"
     path.write_text(json.dumps(mapping, indent=1))
     return {"DSCOUT_IMPORT_GUARD": str(path), "PYTHONPATH": str(ROOT / "tests" / "import_guard")}
+
+
+def dag_outputs(configfiles: list[str], env: dict | None = None) -> list[str]:
+    """``rule<TAB>output`` of every job of the default target, sorted (``snakemake --summary`` in an empty folder).
+
+    Every id is a hash of the stage's configuration, so equal lists mean the same jobs with the same ids.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as empty:
+        args = ["--summary", "-c1", "-s", str(ROOT / "Snakefile"), "-d", empty]
+        args += ["--configfile", *[str(ROOT / c) for c in ["config.yaml", *configfiles]]]
+        r = snakemake(*args, env=env)
+    rows = [line.split("\t") for line in r.stdout.splitlines()[1:] if "\t" in line]
+    return sorted(f"{row[2]}\t{row[0]}" for row in rows)
+
+
+SNAPSHOTS = {"default": [], "paper": ["presets/paper.yaml"]}
+
+
+if __name__ == "__main__":  # python -m tests.workflow: rewrite tests/snapshots/ after an intended change of the DAG
+    (ROOT / "tests" / "snapshots").mkdir(exist_ok=True)
+    for name, files in SNAPSHOTS.items():
+        rows = dag_outputs(files, env=PAPER_DATA_ENV if name == "paper" else None)
+        (ROOT / "tests" / "snapshots" / f"dag_{name}.tsv").write_text("\n".join(rows) + "\n")
+        print(name, len(rows), "jobs outputs")
