@@ -117,7 +117,8 @@ def cmd_generate(a):
 
 
 def _sequences(responses: str, r: dict):
-    from dscout.data.responses import read_jsonl, training_sequences
+    from dscout.data.responses import training_sequences
+    from dscout.jsonl import read_jsonl
 
     return training_sequences(read_jsonl(responses), max_length=r["max_length"],
                               min_response_tokens=r["min_response_tokens"])
@@ -137,8 +138,6 @@ def cmd_features(a):
 
 
 def cmd_train(a):
-    import torch
-
     from dscout.config import write_resolved
     from dscout.training.trainer import TrainConfig, train_drafter
 
@@ -151,17 +150,7 @@ def cmd_train(a):
         import_pretrained_drafter(st["kind"], st["pretrained"], target, a.out)
         write_resolved(Path(a.out) / "config.resolved.json", st)
         return
-    tr = st["training"]
-    cfg = TrainConfig(
-        recipe=st["recipe"], recipe_overrides=st.get("recipe_overrides") or {}, num_layers=st["num_layers"],
-        target_layer_ids=st["layer_ids"], mask_token_id=st["mask_token_id"], num_anchors=tr["num_anchors"],
-        micro_batch_size=tr["micro_batch_size"], gradient_accumulation_steps=tr.get("gradient_accumulation_steps", 1),
-        lr=tr["lr"], warmup_ratio=tr["warmup_ratio"],
-        weight_decay=tr["weight_decay"], max_steps=tr["max_steps"], epochs=tr["epochs"], seed=tr["seed"],
-        deepspeed_config=tr["deepspeed_config"], checkpoint_every=tr["checkpoint_every"],
-        dtype="bfloat16" if target.dtype == torch.bfloat16 else "float32",
-        init_from_target=st.get("init_from_target", False), kind=st.get("kind", "dflash"),
-        options=st.get("options") or {})
+    cfg = TrainConfig.from_stage(st, target.dtype)
     t0 = time.time()
     # test hook: simulate a kill after that step (the resume tests run the rule's own command)
     crash = int(os.environ["DSCOUT_CRASH_AFTER_STEP"]) if os.environ.get("DSCOUT_CRASH_AFTER_STEP") else None

@@ -133,6 +133,7 @@ def check_plan(config: dict, source: str = "config") -> None:
     from .data.benchmarks import get_benchmark
     from .data.hub import hub_offline, hub_reachable
     from .data.paths import ENV_VAR, data_root
+    from .kinds import BLOCK_DIFFUSION
     from .data.prompts import prompt_source
 
     problems: list[str] = []
@@ -155,7 +156,7 @@ def check_plan(config: dict, source: str = "config") -> None:
                             "it with a longer horizon (recipe_overrides.horizons)")
 
     for i, m in enumerate(config.get("methods", [])):
-        if m.get("drafter") and m.get("block_size") and m["kind"] in ("dflash", "dscout"):
+        if m.get("drafter") and m.get("block_size") and m["kind"] in BLOCK_DIFFUSION:
             horizon_check(f"methods[{i}].block_size", m["drafter"], m["block_size"])
     s = config.get("serving", {})
     if s.get("enabled"):
@@ -266,18 +267,11 @@ def drafter_variant(cfg: dict, name: str) -> dict:
 
 
 def resolved_layer_ids(variant: dict, num_target_layers: int) -> list[int]:
-    """The target layers a drafter variant reads (id l = output of decoder layer l), resolved per kind."""
-    from .models.layer_ids import default_eagle3_layer_ids, default_target_layer_ids, resolve_feature_layers
+    """The target layers a drafter variant reads (id l = output of decoder layer l), resolved by its kind
+    (:mod:`dscout.kinds`)."""
+    from .kinds import drafter_kind
 
-    kind = variant.get("kind", "dflash")
-    if kind == "pard2":
-        feats = (variant.get("options") or {}).get("feature_layers", [-1, -8, -16, -24])
-        return [num_target_layers - 1 if l == -1 else l for l in resolve_feature_layers(feats, num_target_layers)]
-    if variant.get("target_layer_ids"):
-        return list(variant["target_layer_ids"])
-    if kind == "eagle3":
-        return default_eagle3_layer_ids(num_target_layers)
-    return default_target_layer_ids(num_target_layers, variant.get("num_taps") or variant["num_layers"])
+    return drafter_kind(variant.get("kind", "dflash")).layer_ids(variant, num_target_layers)
 
 
 def features_stage(cfg: dict, layer_ids: list[int]) -> dict:

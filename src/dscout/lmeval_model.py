@@ -53,9 +53,11 @@ def drafter_method_kind(drafter_dir: str | Path) -> str:
     path = Path(drafter_dir) / "config.resolved.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: pass kind=dflash|dscout|eagle3|pard2 in --model_args")
+    from .kinds import drafter_kind
+
     st = json.loads(path.read_text())["stage_config"]
-    kind = st.get("kind") or "dflash"
-    return "dscout" if kind == "dflash" and st.get("recipe") == "dscout" else kind
+    kinds = drafter_kind(st.get("kind") or "dflash").method_kinds  # the method kinds this drafter serves
+    return st.get("recipe") if st.get("recipe") in kinds else kinds[0]
 
 
 @register_model("dscout")

@@ -15,31 +15,19 @@ Every number in the tables is computed here from the raw per-(prompt, turn, run)
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
-from pathlib import Path
 
 
 def load_records(paths) -> list[dict]:
-    """All records of the given JSONL files (or folders, searched recursively).
+    """All records of the given JSONL files (or folders, searched recursively): :func:`dscout.jsonl.read_records`.
 
     Raises:
-        ValueError: naming the file and line of an invalid record.
+        ValueError: naming the file and row of an invalid record.
     """
-    files = []
-    for p in paths:
-        p = Path(p)
-        files.extend(sorted(p.rglob("*.jsonl")) if p.is_dir() else [p])
-    out = []
-    for f in files:
-        for i, line in enumerate(f.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{f}, line {i}: invalid record ({err.msg})") from err
-    return out
+    from ..jsonl import read_records
+
+    return read_records(paths)
 
 
 def record_tpot(r: dict) -> float:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from . import paper
+from ..jsonl import read_jsonl
 from .aggregate import load_records, per_run, summarize
 
 BENCH_LABELS = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mbpp": "MBPP",
@@ -84,7 +85,7 @@ def summarize_accuracy(paths) -> list[dict]:
     """
     out = []
     for p in paths:
-        rows = [json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
+        rows = read_jsonl(p)
         if not rows:
             continue
         toks = sorted(r["new_tokens"] for r in rows)

@@ -9,7 +9,6 @@ the highest measured throughput at that c (docs/method.md §5: the best bs depen
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .engine import BatchedSpeculativeEngine
@@ -47,6 +46,7 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
 
 
 def write_records(records: list[dict], path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    """Write serving records as JSONL atomically (:func:`dscout.jsonl.write_jsonl`)."""
+    from ..jsonl import write_jsonl
+
+    write_jsonl(records, path)

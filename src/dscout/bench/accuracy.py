@@ -9,12 +9,12 @@ the same resumable path that regenerates training responses), scores each answer
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from ..data.benchmarks import load_benchmark
-from ..data.responses import generate_responses, read_jsonl
+from ..data.responses import generate_responses
+from ..jsonl import read_jsonl, write_jsonl
 from .scoring import score
 
 
@@ -56,9 +56,7 @@ def evaluate_accuracy(target, benchmark: str, root, out_path: str | os.PathLike,
                         "correct": score(benchmark, r["response"], it.reference, a["confirm_run_unsafe_code"]),
                         "new_tokens": len(r["response_ids"]), "finish_reason": r["finish_reason"],
                         "output_text": r["response"]})
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    os.replace(tmp, out_path)
+    write_jsonl(records, out_path)
     return records
 
 

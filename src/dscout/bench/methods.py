@@ -7,38 +7,46 @@ from ..decoding.engine import SpeculativeEngine
 from ..decoding.proposers import BlockDiffusionProposer
 from .runner import Method
 
-PROPOSER_KINDS = {"dflash", "dscout"}
-
-
 def load_proposer(spec: dict, drafter_dir: str, target):
-    """Load the trained drafter of a method row and wrap it as the engine's proposer.
+    """Load the trained drafter of a method row and wrap it as the engine's proposer (by the drafter-kind
+    registry, :mod:`dscout.kinds`).
 
     Args:
         spec: the method row (``kind``; EAGLE-3 ``topk``/``depth``; PARD-2 ``use_features``).
     Raises:
         KeyError: for a method kind without a proposer here.
     """
-    kind = spec["kind"]
-    if kind in PROPOSER_KINDS:
-        from ..models.export import load_dflash_checkpoint
+    from ..kinds import load, method_kind
 
-        drafter = load_dflash_checkpoint(drafter_dir, dtype=target.dtype).to(target.device)
-        return BlockDiffusionProposer(drafter.attach_target(target))
-    if kind == "eagle3":
-        from ..decoding.eagle3_proposer import Eagle3Proposer
-        from ..models.eagle3 import Eagle3Drafter
-        from ..models.strict import load_strict
+    return load(method_kind(spec["kind"]).proposer)(spec, drafter_dir, target)
 
-        drafter = load_strict(Eagle3Drafter, drafter_dir, "EAGLE-3 drafter")
-        drafter = drafter.to(target.device, target.dtype).attach_target(target)
-        return Eagle3Proposer(drafter, topk=spec.get("topk", 10), depth=spec.get("depth", 7))
-    if kind == "pard2":
-        from ..decoding.pard_proposer import Pard2Proposer
-        from ..models.pard import Pard2Drafter
 
-        drafter = Pard2Drafter.load(drafter_dir, target=target, dtype=target.dtype, device=target.device)
-        return Pard2Proposer(drafter, target, use_features=spec.get("use_features", True))
-    raise KeyError(f"no proposer for method kind '{kind}' (known: dflash, dscout, eagle3, pard2)")
+def block_diffusion_proposer(spec: dict, drafter_dir: str, target):
+    """DFlash / DScout rows: the DFlash-format checkpoint behind :class:`BlockDiffusionProposer`."""
+    from ..models.export import load_dflash_checkpoint
+
+    drafter = load_dflash_checkpoint(drafter_dir, dtype=target.dtype).to(target.device)
+    return BlockDiffusionProposer(drafter.attach_target(target))
+
+
+def eagle3_proposer(spec: dict, drafter_dir: str, target):
+    """EAGLE-3 rows: the drafter drafting a tree of ``topk`` children per node, ``depth`` levels."""
+    from ..decoding.eagle3_proposer import Eagle3Proposer
+    from ..models.eagle3 import Eagle3Drafter
+    from ..models.strict import load_strict
+
+    drafter = load_strict(Eagle3Drafter, drafter_dir, "EAGLE-3 drafter")
+    drafter = drafter.to(target.device, target.dtype).attach_target(target)
+    return Eagle3Proposer(drafter, topk=spec.get("topk", 10), depth=spec.get("depth", 7))
+
+
+def pard2_proposer(spec: dict, drafter_dir: str, target):
+    """PARD-2 rows: parallel drafting of ``k`` tokens per forward, with the target's features by default."""
+    from ..decoding.pard_proposer import Pard2Proposer
+    from ..models.pard import Pard2Drafter
+
+    drafter = Pard2Drafter.load(drafter_dir, target=target, dtype=target.dtype, device=target.device)
+    return Pard2Proposer(drafter, target, use_features=spec.get("use_features", True))
 
 
 def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_ids: list[int],

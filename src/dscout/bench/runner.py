@@ -14,10 +14,8 @@ Record schema (one JSON object per line): ``benchmark``, ``prompt_id``,
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -25,6 +23,7 @@ from tqdm import tqdm
 from ..data.benchmarks import BenchmarkPrompt
 from ..data.prompts import chat_prompt_ids
 from ..decoding.engine import SpeculativeEngine
+from ..jsonl import write_jsonl
 from .scoring import score
 
 
@@ -146,11 +145,5 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
 
 
 def write_records(records: list[dict], path: str | os.PathLike) -> None:
-    """Write records as JSONL atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    """Write benchmark records as JSONL atomically (:func:`dscout.jsonl.write_jsonl`)."""
+    write_jsonl(records, path)

@@ -39,7 +39,7 @@ def generate_responses_sglang(stage: dict, prompts: list[dict], out_path: str | 
     from transformers import AutoTokenizer
 
     from ..data.prompts import chat_prompt_ids
-    from ..data.responses import read_jsonl
+    from ..jsonl import read_jsonl
 
     model = stage["target_source"] if "target_source" in stage else stage["target_load_from"]
     r = stage["responses"]
@@ -88,16 +88,13 @@ def server_command(target: str, method: dict, port: int, concurrency: int, draft
            # into -decode / -prefill); >= 32 so no concurrency level of Table 4 falls back to eager decoding
            "--cuda-graph-max-bs-decode", str(max(concurrency, 32)), "--trust-remote-code"]
     kind = method["kind"]
-    if kind in ("dflash", "dscout"):
-        cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter_dir),
-                "--speculative-num-draft-tokens", str(method["block_size"])]
-    elif kind == "eagle3":
-        cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter_dir),
-                "--speculative-num-steps", str(method.get("num_steps", 7)),
-                "--speculative-eagle-topk", str(method.get("topk", 10)),
-                "--speculative-num-draft-tokens", str(method.get("block_size", 60))]
-    elif kind != "ar":
-        raise KeyError(f"method kind '{kind}' has no SGLang server (use the transformers runtime)")
+    if kind != "ar":
+        from ..kinds import method_kind
+
+        flags = method_kind(kind).server_flags
+        if flags is None:
+            raise KeyError(f"method kind '{kind}' has no SGLang server (use the transformers runtime)")
+        cmd += flags(method, drafter_dir)
     return cmd
 
 

@@ -17,28 +17,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..jsonl import read_jsonl, write_jsonl
 from .prompts import chat_prompt_ids
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Rows of a JSONL file; a torn last line (killed writer) is ignored, any other bad row is an error.
-
-    Raises:
-        ValueError: naming the file and the row of an invalid JSON line.
-    """
-    path = Path(path)
-    rows = []
-    lines = path.read_text().splitlines()
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if i == len(lines):
-                break
-            raise ValueError(f"{path}, row {i}: not valid JSON ({err.msg})") from err
-    return rows
 
 
 @torch.no_grad()
@@ -65,8 +45,7 @@ def generate_responses(target, prompts: list[dict], out_path: str | os.PathLike,
     out_path = Path(out_path)
     done = {r["id"] for r in read_jsonl(out_path)} if out_path.exists() else set()
     if out_path.exists():  # drop a torn last line before appending
-        rows = read_jsonl(out_path)
-        out_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_jsonl(read_jsonl(out_path), out_path)
     todo = [p for p in prompts if p["id"] not in done]
     for p in todo:
         p["prompt_ids"] = chat_prompt_ids(tok, [{"role": "user", "content": p["prompt"]}], system_prompt,

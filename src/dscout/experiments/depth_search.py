@@ -194,15 +194,12 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
         ddir = out / f"d{d}"
         t0 = time.perf_counter()
         if not (ddir / "training_summary.json").exists():
-            cfg = TrainConfig(recipe=stage["recipe"], num_layers=d, target_layer_ids=stage["layer_ids"],
-                              mask_token_id=stage["mask_token_id"], num_anchors=tr["num_anchors"],
-                              micro_batch_size=tr["micro_batch_size"], lr=tr["lr"], warmup_ratio=tr["warmup_ratio"],
-                              weight_decay=tr["weight_decay"], max_steps=stage["max_steps"], seed=tr["seed"],
-                              deepspeed_config=tr["deepspeed_config"], checkpoint_every=tr["checkpoint_every"],
-                              dtype="bfloat16" if target.dtype == torch.bfloat16 else "float32",
-                              init_from_target=bool((stage.get("options") or {}).get("init_from_target")),
-                              options={k: v for k, v in (stage.get("options") or {}).items()
-                                       if k != "init_from_target"})
+            opts = dict(stage.get("options") or {})
+            init = bool(opts.pop("init_from_target", False))
+            cfg = TrainConfig.from_stage({"recipe": stage["recipe"], "num_layers": d, "layer_ids": stage["layer_ids"],
+                                          "mask_token_id": stage["mask_token_id"], "training": tr,
+                                          "init_from_target": init, "options": opts},
+                                         target.dtype, max_steps=stage["max_steps"], epochs=1.0)
             train_drafter(target, cfg, ddir, out / "work" / f"d{d}", feature_cache=feature_cache)
         train_s = time.perf_counter() - t0
         drafter = load_dflash_checkpoint(ddir, dtype=target.dtype).to(target.device).attach_target(target).eval()

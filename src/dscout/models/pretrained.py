@@ -14,8 +14,6 @@ from pathlib import Path
 
 import torch
 
-KINDS = ("dflash", "eagle3", "pard2")
-
 
 def _local(source: str) -> str:
     """A local folder as is; otherwise a hub id fetched with ``huggingface_hub`` (cluster only)."""
@@ -38,30 +36,41 @@ def import_pretrained_drafter(kind: str, source: str, target, out_dir: str | os.
         ValueError: for an unknown kind, or a checkpoint that does not match the target (vocabulary, hidden
             size or layer count).
     """
-    if kind not in KINDS:
-        raise ValueError(f"cannot import a '{kind}' drafter (known: {', '.join(KINDS)})")
+    from ..kinds import DRAFTER_KINDS, load
+
+    if kind not in DRAFTER_KINDS:
+        raise ValueError(f"cannot import a '{kind}' drafter (known: {', '.join(DRAFTER_KINDS)})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = _local(source)
-    if kind == "dflash":
-        from .export import export_dflash, load_dflash_checkpoint
-
-        drafter = load_dflash_checkpoint(path, dtype=torch.float32).attach_target(target)
-        export_dflash(drafter, out, dtype=target.dtype, for_sglang=False)
-        label = f"{len(drafter.config.target_layer_ids)}t{drafter.config.num_hidden_layers}d"
-    elif kind == "eagle3":
-        from .eagle3 import load_public_eagle3
-
-        drafter = load_public_eagle3(path, target.config, dtype=target.dtype).attach_target(target)
-        drafter.save_pretrained(str(out))
-        label = "eagle3"
-    else:
-        from .pard import Pard2Drafter
-
-        drafter = Pard2Drafter.from_pretrained(path, target=target, dtype=target.dtype)
-        drafter.save(out)
-        label = "pard2"
+    drafter, label = load(DRAFTER_KINDS[kind].pretrained)(_local(source), target, out)
     summary = {"kind": kind, "pretrained": source, "label": label, "steps": 0,
                "drafter_parameters": sum(p.numel() for p in drafter.parameters())}
     (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def import_dflash(path: str, target, out: Path):
+    """A DFlash-format checkpoint (z-lab): re-exported in the same format (SGLang serves it as is)."""
+    from .export import export_dflash, load_dflash_checkpoint
+
+    drafter = load_dflash_checkpoint(path, dtype=torch.float32).attach_target(target)
+    export_dflash(drafter, out, dtype=target.dtype, for_sglang=False)
+    return drafter, f"{len(drafter.config.target_layer_ids)}t{drafter.config.num_hidden_layers}d"
+
+
+def import_eagle3(path: str, target, out: Path):
+    """An EAGLE-3 checkpoint (yuhuili / AngelSlim / SpecForge layout), saved as our Eagle3Drafter folder."""
+    from .eagle3 import load_public_eagle3
+
+    drafter = load_public_eagle3(path, target.config, dtype=target.dtype).attach_target(target)
+    drafter.save_pretrained(str(out))
+    return drafter, "eagle3"
+
+
+def import_pard2(path: str, target, out: Path):
+    """A PARD-2 checkpoint (amd/PARD2-*), saved as our Pard2Drafter folder."""
+    from .pard import Pard2Drafter
+
+    drafter = Pard2Drafter.from_pretrained(path, target=target, dtype=target.dtype)
+    drafter.save(out)
+    return drafter, "pard2"

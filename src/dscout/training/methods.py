@@ -21,6 +21,45 @@ import torch
 from .recipes import get_recipe
 
 
+def build_drafter(target, cfg, block_size: int):
+    """A fresh DFlash drafter shaped like ``target`` for a :class:`~dscout.training.trainer.TrainConfig`
+    (final norm from the target's or at ones, layers optionally initialised from the target's last layers).
+
+    Raises:
+        ValueError: for an unknown ``options.norm_init``.
+    """
+    from ..models.drafter import DFlashDrafter, DFlashDrafterConfig
+
+    dcfg = DFlashDrafterConfig.from_target(
+        target.config, num_hidden_layers=cfg.num_layers, mask_token_id=cfg.mask_token_id,
+        target_layer_ids=cfg.target_layer_ids, num_taps=cfg.num_taps, block_size=block_size,
+        draft_vocab_size=cfg.options.get("draft_vocab_size"))
+    drafter = DFlashDrafter(dcfg)
+    norm_init = cfg.options.get("norm_init", "target")
+    if norm_init not in ("target", "ones"):
+        raise ValueError(f"options.norm_init must be 'target' or 'ones', got {norm_init!r}")
+    if norm_init == "target":  # the drafter's states feed the target's LM head: the target's final-norm scale
+        with torch.no_grad():
+            drafter.norm.weight.copy_(target.final_norm.weight)
+    if cfg.init_from_target:
+        _init_from_target(drafter, target)
+    return drafter.to(dtype=getattr(torch, cfg.dtype), device=target.device).attach_target(target)
+
+
+@torch.no_grad()
+def _init_from_target(drafter, target) -> None:
+    """Copy attention/MLP/norm weights of the last d target layers into the d drafter layers."""
+    L, d = target.num_layers, len(drafter.layers)
+    for i, layer in enumerate(drafter.layers):
+        src = target.layers[L - d + i]
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(layer.self_attn, name).weight.copy_(getattr(src.self_attn, name).weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(layer.mlp, name).weight.copy_(getattr(src.mlp, name).weight)
+        layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
+        layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+
+
 class DFlashMethod:
     """Block-diffusion drafter with a named recipe (docs/method.md §3)."""
 
@@ -31,8 +70,6 @@ class DFlashMethod:
         self.recipe = get_recipe(cfg.recipe, **cfg.recipe_overrides)
 
     def build(self, target):
-        from .trainer import build_drafter
-
         self.model = build_drafter(target, self.cfg, self.recipe.max_horizon)
         self.layer_ids = list(self.model.config.target_layer_ids)
         return self.model
@@ -172,11 +209,12 @@ class Pard2Method:
                         "layer-truncated copy of the target"}
 
 
-METHODS = {"dflash": DFlashMethod, "dscout": DFlashMethod, "eagle3": Eagle3Method, "pard2": Pard2Method}
-
-
 def training_method(cfg):
-    """The method object for ``cfg.kind``. Raises KeyError listing the valid kinds."""
-    if cfg.kind not in METHODS:
-        raise KeyError(f"unknown drafter kind '{cfg.kind}'; valid: {', '.join(METHODS)}")
-    return METHODS[cfg.kind](cfg)
+    """The method object for ``cfg.kind``, from the drafter-kind registry (:mod:`dscout.kinds`).
+
+    Raises:
+        KeyError: listing the valid kinds.
+    """
+    from ..kinds import drafter_kind, load
+
+    return load(drafter_kind(cfg.kind).training_method)(cfg)

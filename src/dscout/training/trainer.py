@@ -37,14 +37,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..models.drafter import DFlashDrafter, DFlashDrafterConfig
 from .features import FeatureCache, online_batch
+from ..kinds import drafter_kind
 from .methods import training_method
 
 
 @dataclass
 class TrainConfig:
-    """Hyperparameters of one drafter training run (see ``schemas/config.schema.yaml`` for the docs).
+    """Hyperparameters of one drafter training run (see ``schemas/config.schema.yaml`` for the docs; the defaults
+    here are the schema's). Workflow stages build it with :meth:`from_stage`.
 
     Attributes:
         recipe: recipe name (:data:`dscout.training.recipes.RECIPES`).
@@ -77,21 +78,48 @@ class TrainConfig:
     target_layer_ids: list[int] | None = None
     num_taps: int | None = None
     mask_token_id: int = 0
-    num_anchors: int = 32
+    num_anchors: int = 512
     micro_batch_size: int = 1
     gradient_accumulation_steps: int = 1
     lr: float = 6e-4
     warmup_ratio: float = 0.04
     weight_decay: float = 0.0
     max_steps: int | None = None
-    epochs: float = 1.0
+    epochs: float = 6.0
     seed: int = 42
     deepspeed_config: str = "configs/deepspeed/cpu.json"
-    checkpoint_every: int = 50
+    checkpoint_every: int = 100
     dtype: str = "float32"
     init_from_target: bool = False
     kind: str = "dflash"
     options: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_stage(cls, stage: dict, target_dtype, **overrides) -> "TrainConfig":
+        """The config of a drafter stage (:func:`dscout.config.drafter_stage`: ``recipe``, ``num_layers``,
+        ``layer_ids``, ``mask_token_id``, ``training`` {...}, ``init_from_target``, ``kind``, ``options``).
+
+        Args:
+            target_dtype: the target's torch dtype (bfloat16 -> ``bfloat16`` training, else ``float32``).
+            overrides: fields that replace the stage's (the depth search sets ``num_layers``, ``max_steps``).
+        """
+        import torch
+
+        tr = stage["training"]
+        fields = dict(
+            recipe=stage.get("recipe", "dscout"), recipe_overrides=stage.get("recipe_overrides") or {},
+            num_layers=stage["num_layers"], target_layer_ids=stage["layer_ids"],
+            mask_token_id=stage["mask_token_id"], num_anchors=tr["num_anchors"],
+            micro_batch_size=tr["micro_batch_size"],
+            gradient_accumulation_steps=tr.get("gradient_accumulation_steps") or 1, lr=tr["lr"],
+            warmup_ratio=tr["warmup_ratio"], weight_decay=tr["weight_decay"], max_steps=tr["max_steps"],
+            epochs=tr["epochs"], seed=tr["seed"], deepspeed_config=tr["deepspeed_config"],
+            checkpoint_every=tr["checkpoint_every"],
+            dtype="bfloat16" if target_dtype == torch.bfloat16 else "float32",
+            init_from_target=bool(stage.get("init_from_target", False)), kind=stage.get("kind") or "dflash",
+            options=dict(stage.get("options") or {}))
+        fields.update(overrides)
+        return cls(**fields)
 
 
 def _free_port() -> int:
@@ -127,38 +155,6 @@ def sample_indices(step: int, slot: int, slots: int, micro_batch: int, n: int, s
         gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
         out.append(int(torch.randperm(n, generator=gen)[j]))
     return out
-
-
-def build_drafter(target, cfg: TrainConfig, block_size: int) -> DFlashDrafter:
-    """A fresh drafter shaped like ``target`` for ``cfg`` (optionally initialised from target layers)."""
-    dcfg = DFlashDrafterConfig.from_target(
-        target.config, num_hidden_layers=cfg.num_layers, mask_token_id=cfg.mask_token_id,
-        target_layer_ids=cfg.target_layer_ids, num_taps=cfg.num_taps, block_size=block_size,
-        draft_vocab_size=cfg.options.get("draft_vocab_size"))
-    drafter = DFlashDrafter(dcfg)
-    norm_init = cfg.options.get("norm_init", "target")
-    if norm_init not in ("target", "ones"):
-        raise ValueError(f"options.norm_init must be 'target' or 'ones', got {norm_init!r}")
-    if norm_init == "target":  # the drafter's states feed the target's LM head: the target's final-norm scale
-        with torch.no_grad():
-            drafter.norm.weight.copy_(target.final_norm.weight)
-    if cfg.init_from_target:
-        _init_from_target(drafter, target)
-    return drafter.to(dtype=getattr(torch, cfg.dtype), device=target.device).attach_target(target)
-
-
-@torch.no_grad()
-def _init_from_target(drafter: DFlashDrafter, target) -> None:
-    """Copy attention/MLP/norm weights of the last d target layers into the d drafter layers."""
-    L, d = target.num_layers, len(drafter.layers)
-    for i, layer in enumerate(drafter.layers):
-        src = target.layers[L - d + i]
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            getattr(layer.self_attn, name).weight.copy_(getattr(src.self_attn, name).weight)
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(layer.mlp, name).weight.copy_(getattr(src.mlp, name).weight)
-        layer.input_layernorm.weight.copy_(src.input_layernorm.weight)
-        layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
 
 
 def _ds_config(path: str, cfg: TrainConfig, total_steps: int, world: int) -> dict:
@@ -249,7 +245,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     if sequence_ids is not None:
         source = SubsetSource(source, sequence_ids)
     n = len(source)
-    uses_mask = cfg.kind in ("dflash", "dscout", "pard2")
+    uses_mask = drafter_kind(cfg.kind).uses_mask_token
     mask_hits = count_token(source, cfg.mask_token_id) if uses_mask and rank == 0 else 0
     if mask_hits:
         warnings.warn(f"the mask token id {cfg.mask_token_id} (target.mask_token_id) occurs {mask_hits} times in "
