@@ -83,26 +83,12 @@ def feature_cache(layer_ids):
     return f"results/features/{RESPONSES_ID}/{dcfg.features_id(config, layer_ids)}/index.json"
 
 
-def _method_specs():
-    specs = []
-    for m in config["methods"]:
-        spec = dict(m)
-        if m.get("drafter"):
-            spec["drafter_id"] = DRAFTER_IDS[m["drafter"]]
-        specs.append(spec)
-    return specs
-
-
-BENCH_STAGE = {
-    **dcfg.bench_stage(config),
-    "methods": _method_specs(),
-    "near_tie_epsilon": config["near_tie_epsilon"],
-}
-BENCH_ID = f"{config['target']['name']}-{dcfg.short_hash(BENCH_STAGE)}"
+BENCH_STAGE = dcfg.bench_stage(config, NUM_TARGET_LAYERS)
+BENCH_ID = dcfg.bench_id(config, NUM_TARGET_LAYERS)
 TEMPS = [f"{t:g}" for t in config["temperatures"]]
 REPEATS = list(range(config["repeats"]))
 BENCHES = config["benchmarks"]["names"]
-METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in _method_specs())]
+METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in BENCH_STAGE["methods"])]
 # temperatures above 0 run AR and `benchmarks.sampled_methods` (null = all methods)
 _sampled = config["benchmarks"].get("sampled_methods")
 if _sampled is not None:

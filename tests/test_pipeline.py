@@ -62,7 +62,7 @@ def test_snakemake_rejects_unknown_key_before_any_job(tmp_path):
 def test_stage_ids_depend_on_exactly_their_slice():
     base = load()
     L = base["target"]["num_layers"]
-    ids = lambda c: (dcfg.responses_id(c), dcfg.drafter_id(c, "dscout", L), dcfg.bench_id(c))
+    ids = lambda c: (dcfg.responses_id(c), dcfg.drafter_id(c, "dscout", L), dcfg.bench_id(c, L))
     r0, d0, b0 = ids(base)
     bench_change = dcfg.deep_merge(base, {"benchmarks": {"max_new_tokens": 99}})
     assert ids(bench_change)[:2] == (r0, d0) and ids(bench_change)[2] != b0  # no retraining

@@ -321,19 +321,33 @@ def method_key(spec: dict, drafter_id: str | None) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", key)
 
 
-def bench_stage(cfg: dict) -> dict:
-    """What every benchmark record depends on besides the drafters (their ids are part of each method)."""
+def method_specs(cfg: dict, num_target_layers: int) -> list[dict]:
+    """The rows of ``methods``, each with the id of the drafter it decodes with (``drafter_id``)."""
+    specs = []
+    for m in cfg["methods"]:
+        spec = dict(m)
+        if m.get("drafter"):
+            spec["drafter_id"] = drafter_id(cfg, m["drafter"], num_target_layers)
+        specs.append(spec)
+    return specs
+
+
+def bench_stage(cfg: dict, num_target_layers: int) -> dict:
+    """What every Table 3 record depends on: target, prompts, decoding settings, chat, and the methods with
+    their drafters' ids (a retrained drafter reruns its benchmarks)."""
     b = cfg["benchmarks"]
     t = cfg["target"]
     return {"target": target_id(cfg), "benchmarks": {k: b[k] for k in ("num_prompts", "max_new_tokens", "seed",
                                                                                "cpu_packed_linear", "score",
                                                                                "confirm_run_unsafe_code")},
             "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
-                     "stop_tokens": t.get("stop_tokens")}}
+                     "stop_tokens": t.get("stop_tokens")},
+            "methods": method_specs(cfg, num_target_layers), "near_tie_epsilon": cfg["near_tie_epsilon"]}
 
 
-def bench_id(cfg: dict) -> str:
-    return f"{cfg['target']['name']}-{short_hash(bench_stage(cfg))}"
+def bench_id(cfg: dict, num_target_layers: int) -> str:
+    """The id of Table 3's records folder (``results/bench/<id>/``)."""
+    return f"{cfg['target']['name']}-{short_hash(bench_stage(cfg, num_target_layers))}"
 
 
 def accuracy_stage(cfg: dict) -> dict:
