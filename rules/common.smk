@@ -16,6 +16,21 @@ validate(config, "../schemas/config.schema.yaml")
 dcfg._check_references(config)
 dcfg.check_plan(config, "the merged config files")  # block sizes vs horizons, mask id vs vocabulary, data files
 
+# Every id wildcard is one path component (a readable name plus a hash); benchmarks are the registry's names; a
+# concurrency level is a number. Rule-specific constraints (the temperature split of benchmark /
+# benchmark_sampled) stay with their rules.
+wildcard_constraints:
+    tid=r"[^/]+",
+    rid=r"[^/]+",
+    fid=r"[^/]+",
+    did=r"[^/]+",
+    bid=r"[^/]+",
+    aid=r"[^/]+",
+    sid=r"[^/]+",
+    benchmark="|".join(dcfg.benchmark_names()),
+    c=r"\d+",
+
+
 # relative to the working directory: a rule parameter, so an absolute path would rerun everything when the
 # project is moved or copied
 CLI = os.path.relpath(Path(workflow.basedir) / "src" / "dscout" / "cli.py")

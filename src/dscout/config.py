@@ -36,6 +36,13 @@ STAGE_CODE = {
 """Source files (relative to ``src/dscout``) each stage runs; their digest is a rerun trigger."""
 
 
+def benchmark_names() -> list[str]:
+    """The benchmark registry's names (torch-free; Snakemake's ``benchmark`` wildcard takes exactly these)."""
+    from .data.benchmarks import BENCHMARKS
+
+    return list(BENCHMARKS)
+
+
 def short_hash(obj, n: int = 8) -> str:
     """First ``n`` hex digits of the sha256 of the canonical JSON of ``obj``."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
