@@ -1,6 +1,7 @@
 """What a benchmark record keeps beyond the outputs: the logit gap behind a near-tie verdict, and mask-token
 occurrences counted in the training data."""
 
+import pytest
 import torch
 
 from dscout.bench.runner import near_tie
@@ -35,3 +36,14 @@ class _Source:
 def test_mask_token_occurrences_are_counted():
     src = _Source([[1, 16, 3], [16, 16, 5], [7]])
     assert count_token(src, 16) == 3 and count_token(src, 99) == 0
+
+
+def test_every_record_carries_the_common_fields():
+    from dscout.records import FIELDS, make_record
+
+    rec = make_record(benchmark="gsm8k", prompt_id="p", method="ar", new_tokens=3, decode_seconds=0.1,
+                      accept_lengths=[1, 1], output_ids=[5, 6, 7], matches_ar=False, prefill_seconds=0.2)
+    assert list(rec)[:len(FIELDS)] == list(FIELDS) and rec["prefill_seconds"] == 0.2
+    assert rec["turn"] == 0 and rec["concurrency"] == 1 and rec["method_key"] == "ar" and rec["matches_ar"] is False
+    with pytest.raises(ValueError, match="needs decode_seconds, accept_lengths"):
+        make_record(benchmark="gsm8k", prompt_id="p", method="ar", new_tokens=3, output_ids=[1])

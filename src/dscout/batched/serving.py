@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..records import make_record
 from .engine import BatchedSpeculativeEngine
 
 
@@ -35,13 +36,12 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
         engine.generate([batch_prompts[0][:8]], 2, block_size=bs)  # warm-up
         out = engine.generate(batch_prompts, max_new_tokens, block_size=bs)
         for pid, r in zip(prompt_ids, out.results):
-            records.append({
-                "benchmark": "serving", "prompt_id": pid, "turn": 0, "method": kind, "method_key": key,
-                "method_name": key, "drafter": drafter, "block_size": None if kind == "ar" else bs,
-                "temperature": 0.0, "repeat": repeat, "concurrency": concurrency, "new_tokens": r.new_tokens,
-                "decode_seconds": out.decode_seconds, "batch_decode_seconds": out.decode_seconds,
-                "batch_throughput": out.throughput, "accept_lengths": r.accept_lengths, "output_ids": r.output_ids,
-                "stop_reason": r.stop_reason})
+            records.append(make_record(
+                benchmark="serving", prompt_id=pid, method=kind, method_key=key, method_name=key, drafter=drafter,
+                block_size=None if kind == "ar" else bs, temperature=0.0, repeat=repeat, concurrency=concurrency,
+                new_tokens=r.new_tokens, decode_seconds=out.decode_seconds, accept_lengths=r.accept_lengths,
+                output_ids=r.output_ids, stop_reason=r.stop_reason, runtime="batched",
+                batch_decode_seconds=out.decode_seconds, batch_throughput=out.throughput))
     return records
 
 

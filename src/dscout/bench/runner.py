@@ -24,6 +24,7 @@ from ..data.benchmarks import BenchmarkPrompt
 from ..data.prompts import chat_prompt_ids
 from ..decoding.engine import SpeculativeEngine
 from ..jsonl import write_jsonl
+from ..records import make_record
 from .scoring import score
 
 
@@ -119,17 +120,15 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
                 r = m.engine.generate(ids, max_new_tokens, block_size=m.block_size or 1, temperature=temperature,
                                       seed=seed, prefill_store=prefill_store)
                 text = tok.decode(r.output_ids, skip_special_tokens=True)
-                rec = {"benchmark": benchmark, "prompt_id": item.prompt_id, "turn": turn, "method": m.kind,
-                       "method_name": m.name, "method_key": m.key, "drafter": m.drafter,
-                       "block_size": m.block_size, "temperature": temperature, "repeat": repeat,
-                       "concurrency": 1, "prompt_tokens": len(ids), "new_tokens": r.new_tokens,
-                       "decode_seconds": r.decode_seconds, "prefill_seconds": r.prefill_seconds,
-                       "prefill_reused": r.prefill_reused,
-                       "draft_seconds": sum(r.draft_seconds), "verify_seconds": sum(r.verify_seconds),
-                       "accept_lengths": r.accept_lengths, "output_ids": r.output_ids, "output_text": text,
-                       "stop_reason": r.stop_reason, "seed": seed, "runtime": runtime,
-                       "matches_ar": None, "near_tie": None, "first_mismatch": None, "top2_logit_gap": None,
-                       "correct": None}
+                rec = make_record(
+                    benchmark=benchmark, prompt_id=item.prompt_id, turn=turn, method=m.kind, method_name=m.name,
+                    method_key=m.key, drafter=m.drafter, block_size=m.block_size, temperature=temperature,
+                    repeat=repeat, concurrency=1, new_tokens=r.new_tokens, decode_seconds=r.decode_seconds,
+                    accept_lengths=r.accept_lengths, output_ids=r.output_ids, output_text=text,
+                    stop_reason=r.stop_reason, runtime=runtime, prompt_tokens=len(ids),
+                    prefill_seconds=r.prefill_seconds, prefill_reused=r.prefill_reused,
+                    draft_seconds=sum(r.draft_seconds), verify_seconds=sum(r.verify_seconds), seed=seed,
+                    first_mismatch=None, top2_logit_gap=None)
                 if m.kind == "ar":
                     ar_out = r.output_ids
                 elif temperature == 0:

@@ -145,15 +145,17 @@ def record_from_response(resp: dict, *, benchmark: str, prompt_id: str, turn: in
         lengths = [int(round(float(meta.get("spec_accept_length", 1.0))))] * int(verify)
     else:
         lengths = []
-    return {"benchmark": benchmark, "prompt_id": prompt_id, "turn": turn, "method": method["kind"],
-            "method_name": method.get("name", method["kind"]), "method_key": method.get("key", method["kind"]),
-            "drafter": method.get("drafter_id"), "block_size": method.get("block_size"),
-            "temperature": temperature, "repeat": repeat, "concurrency": concurrency, "new_tokens": n,
-            "decode_seconds": float(meta.get("e2e_latency", wall_seconds)), "wall_seconds": wall_seconds,
-            "accept_lengths": lengths, "accept_lengths_exact": exact,
-            "spec_accept_length": meta.get("spec_accept_length"), "spec_verify_ct": verify,
-            "output_ids": resp.get("output_ids", []), "output_text": resp.get("text", ""),
-            "runtime": "sglang", "matches_ar": None, "near_tie": None, "correct": None}
+    from ..records import make_record
+
+    return make_record(
+        benchmark=benchmark, prompt_id=prompt_id, turn=turn, method=method["kind"],
+        method_name=method.get("name", method["kind"]), method_key=method.get("key", method["kind"]),
+        drafter=method.get("drafter_id"), block_size=method.get("block_size"), temperature=temperature,
+        repeat=repeat, concurrency=concurrency, new_tokens=n,
+        decode_seconds=float(meta.get("e2e_latency", wall_seconds)), accept_lengths=lengths,
+        output_ids=resp.get("output_ids", []), output_text=resp.get("text", ""), runtime="sglang",
+        wall_seconds=wall_seconds, accept_lengths_exact=exact, spec_accept_length=meta.get("spec_accept_length"),
+        spec_verify_ct=verify)
 
 
 def closed_loop(base_url: str, requests_: list[dict], concurrency: int, sampling: dict) -> list[tuple[dict, dict, float]]:
