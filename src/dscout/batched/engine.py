@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..decoding.acceptance import commit_round, greedy_accept
 from ..decoding.engine import GenerationResult
 
 
@@ -140,23 +141,16 @@ class BatchedSpeculativeEngine:
                 if not active[i]:
                     continue
                 k = len(drafts[i])
-                greedy = out.logits[i, : k + 1].argmax(-1)
-                n = 0
-                while n < k and int(drafts[i][n]) == int(greedy[n]):
-                    n += 1
-                bonus = int(greedy[n])
+                n, bonus = greedy_accept(torch.as_tensor(drafts[i], device=dev), out.logits[i, : k + 1])
                 committed_slots[i, : n + 1] = True
                 if proposers[i] is not None:
                     proposers[i].commit(out.taps[i, : n + 1], vids[i, : n + 1])
                 res = results[i]
-                emitted = 0  # a stop inside the accepted block ends the round there: count what was committed
-                for tok in drafts[i][:n].tolist() + [bonus]:
-                    res.output_ids.append(tok)
-                    emitted += 1
-                    if tok in self.stop_token_ids:
-                        res.stop_reason = "stop_token"
-                        break
+                emitted, stopped = commit_round(res.output_ids, drafts[i][:n].tolist() + [bonus],
+                                                self.stop_token_ids)
                 res.accept_lengths.append(emitted)
+                if stopped:
+                    res.stop_reason = "stop_token"
                 length[i] += n + 1
                 last[i] = bonus
                 if res.stop_reason == "stop_token" or len(res.output_ids) >= max_new_tokens:

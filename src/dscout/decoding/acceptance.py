@@ -41,6 +41,25 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
     return n, int(target_argmax[n])
 
 
+def commit_round(output_ids: list[int], tokens: list[int], stop_token_ids) -> tuple[int, bool]:
+    """Append one round's committed tokens (accepted drafts, then the bonus) to ``output_ids``, stopping after the
+    first stop token.
+
+    Shared by the single-request and the batched engine, so both count a round alike: the accept length of a
+    round is what it committed (a stop token inside the accepted block ends the round there).
+
+    Returns:
+        ``(emitted, stopped)``: tokens appended (the round's accept length) and whether a stop token was hit.
+    """
+    emitted = 0
+    for tok in tokens:
+        output_ids.append(tok)
+        emitted += 1
+        if tok in stop_token_ids:
+            return emitted, True
+    return emitted, False
+
+
 def speculative_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor, temperature: float,
                        generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> tuple[int, int]:
     """Lossless chain verification at temperature ``T > 0``.

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .acceptance import (accept, greedy_tree_accept, sampling_tree_accept, target_probs, tree_attention_mask,
-                         tree_depths)
+from .acceptance import (accept, commit_round, greedy_tree_accept, sampling_tree_accept, target_probs,
+                         tree_attention_mask, tree_depths)
 from .proposers import TreeDraft
 
 
@@ -182,15 +182,10 @@ class SpeculativeEngine:
             n_acc = len(accepted)
             res.draft_seconds.append((tb - ta) + (td - tc))
             res.verify_seconds.append(tc - tb)
-            emitted = 0  # a stop token inside the accepted block ends the round there: count what was committed
-            for tok in accepted + [bonus]:
-                res.output_ids.append(tok)
-                emitted += 1
-                if tok in self.stop_token_ids:
-                    res.stop_reason = "stop_token"
-                    break
+            emitted, stopped = commit_round(res.output_ids, accepted + [bonus], self.stop_token_ids)
             res.accept_lengths.append(emitted)
-            if res.stop_reason == "stop_token":
+            if stopped:
+                res.stop_reason = "stop_token"
                 break
             position += n_acc + 1
             x = bonus
