@@ -275,7 +275,7 @@ def cmd_serve_cpu(a):
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
     from dscout.decoding.proposers import BlockDiffusionProposer
-    from dscout.models.export import load_dflash_checkpoint
+    from dscout.models.export import drafter_for_target
     from dscout.models.linear import pack_linears
 
     st = json.loads(a.stage)
@@ -318,10 +318,7 @@ def cmd_serve_cpu(a):
         pack_linears(target.model, extra_weights=(target.lm_head.weight,))
     loaded = {}
     for name in ("dflash", "dscout"):
-        d = load_dflash_checkpoint(drafters[name], dtype=target.dtype).to(target.device).attach_target(target).eval()
-        if st["cpu_packed_linear"]:
-            pack_linears(d)
-        loaded[name] = d
+        loaded[name] = drafter_for_target(drafters[name], target, packed=st["cpu_packed_linear"])
     factories = {"ar": ("ar", None, None),
                  "dflash-bs16": ("dflash", st["dflash"], lambda: BlockDiffusionProposer(loaded["dflash"]))}
     sizes = {"dflash-bs16": 16}

@@ -23,10 +23,9 @@ def load_proposer(spec: dict, drafter_dir: str, target):
 
 def block_diffusion_proposer(spec: dict, drafter_dir: str, target):
     """DFlash / DScout rows: the DFlash-format checkpoint behind :class:`BlockDiffusionProposer`."""
-    from ..models.export import load_dflash_checkpoint
+    from ..models.export import drafter_for_target
 
-    drafter = load_dflash_checkpoint(drafter_dir, dtype=target.dtype).to(target.device)
-    return BlockDiffusionProposer(drafter.attach_target(target))
+    return BlockDiffusionProposer(drafter_for_target(drafter_dir, target))
 
 
 def eagle3_proposer(spec: dict, drafter_dir: str, target):

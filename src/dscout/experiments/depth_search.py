@@ -145,7 +145,7 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
     import torch
 
     from ..models.drafter import DFlashDrafter, DFlashDrafterConfig
-    from ..models.export import load_dflash_checkpoint
+    from ..models.export import drafter_for_target
     from ..models.linear import pack_linears
     from ..training.trainer import TrainConfig, train_drafter
 
@@ -202,9 +202,7 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
                                          target.dtype, max_steps=stage["max_steps"], epochs=1.0)
             train_drafter(target, cfg, ddir, out / "work" / f"d{d}", feature_cache=feature_cache)
         train_s = time.perf_counter() - t0
-        drafter = load_dflash_checkpoint(ddir, dtype=target.dtype).to(target.device).attach_target(target).eval()
-        if stage.get("cpu_packed_linear"):
-            pack_linears(drafter)
+        drafter = drafter_for_target(ddir, target, packed=bool(stage.get("cpu_packed_linear")))
         m = measure(target, drafter, prompts, bs, stage["max_new_tokens"], stop_ids)
         points[d] = DepthPoint(depth=d, train_seconds=train_s, **m)
         return m["throughput"]

@@ -204,3 +204,19 @@ def load_dflash_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torch.f
                     state[key] = h.get_tensor(n)
     model.load_state_dict(state, strict=True)
     return model.to(dtype)
+
+
+def drafter_for_target(path: str | os.PathLike, target, packed: bool = False) -> DFlashDrafter:
+    """Load a DFlash-format checkpoint for decoding with ``target``: in the target's dtype and on its device,
+    attached to its frozen embedding and head, in eval mode, with oneDNN-packed linears when ``packed`` (the
+    CPU float32 setting ``benchmarks.cpu_packed_linear``; :func:`dscout.models.linear.pack_linears`).
+
+    Raises:
+        ValueError: for a checkpoint :func:`check_dflash_checkpoint` rejects.
+    """
+    drafter = load_dflash_checkpoint(path, dtype=target.dtype).to(target.device).attach_target(target).eval()
+    if packed:
+        from .linear import pack_linears
+
+        pack_linears(drafter)
+    return drafter
