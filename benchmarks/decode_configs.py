@@ -56,8 +56,8 @@ def main(argv=None) -> None:
 
     import torch
 
-    from dscout.bench.methods import build_methods
-    from dscout.bench.runner import run_benchmark
+    from dscout.evaluation.methods import build_methods
+    from dscout.evaluation.runner import run_benchmark
     from dscout.cli import load_target, stop_token_ids
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root

@@ -132,8 +132,8 @@ def run_variant(name, overrides, note, target, features, layer_ids, mask_id, tra
 def engine_eval(target, results: dict, names: list[str], data_root: str, num_prompts: int, max_new: int,
                 benchmarks: list[str], block_sizes=(2, 3, 4, 8, 16)) -> dict:
     """τ and speedup vs AR through the benchmark runner (greedy, packed linears, every method side by side)."""
-    from dscout.bench.methods import build_methods
-    from dscout.bench.runner import run_benchmark
+    from dscout.evaluation.methods import build_methods
+    from dscout.evaluation.runner import run_benchmark
     from dscout.cli import stop_token_ids
     from dscout.data.benchmarks import load_benchmark
 

@@ -31,7 +31,7 @@ rule benchmark:
     log:
         "results/logs/benchmark/{bid}-{benchmark}-t{temp}.log",
     benchmark:
-        "results/benchmarks/benchmark/{bid}-{benchmark}-t{temp}.tsv"
+        "results/timings/benchmark/{bid}-{benchmark}-t{temp}.tsv"
     conda:
         "../envs/train.yaml"
     shell:
@@ -76,7 +76,7 @@ rule accuracy:
     log:
         "results/logs/accuracy/{aid}-{benchmark}.log",
     benchmark:
-        "results/benchmarks/accuracy/{aid}-{benchmark}.tsv"
+        "results/timings/accuracy/{aid}-{benchmark}.tsv"
     conda:
         "../envs/train.yaml"
     shell:

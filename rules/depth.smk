@@ -23,7 +23,7 @@ rule depth_search:
     log:
         "results/logs/depth_search/{did}.log",
     benchmark:
-        "results/benchmarks/depth_search/{did}.tsv"
+        "results/timings/depth_search/{did}.tsv"
     conda:
         "../envs/train.yaml"
     shell:
@@ -48,7 +48,7 @@ rule fig5:
     log:
         "results/logs/fig5.log",
     benchmark:
-        "results/benchmarks/fig5.tsv"
+        "results/timings/fig5.tsv"
     localrule: True
     conda:
         "../envs/plot.yaml"
@@ -74,7 +74,7 @@ rule fig3:
     log:
         "results/logs/fig3.log",
     benchmark:
-        "results/benchmarks/fig3.tsv"
+        "results/timings/fig3.tsv"
     localrule: True
     conda:
         "../envs/plot.yaml"

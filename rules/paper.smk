@@ -19,7 +19,7 @@ rule table3:
     log:
         "results/logs/table3.log",
     benchmark:
-        "results/benchmarks/table3.tsv"
+        "results/timings/table3.tsv"
     localrule: True
     conda:
         "../envs/plot.yaml"
@@ -44,7 +44,7 @@ rule fig2:
     log:
         "results/logs/fig2.log",
     benchmark:
-        "results/benchmarks/fig2.tsv"
+        "results/timings/fig2.tsv"
     localrule: True
     conda:
         "../envs/plot.yaml"

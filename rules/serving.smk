@@ -1,6 +1,6 @@
 # Table 4 (config `serving`): one job per concurrency level. backend batched (CPU default): the same c requests
 # decoded together by the batched engine for AR, DFlash(16) and DScout at every candidate bs. backend sglang
-# (cluster): one SGLang server per method on loopback, closed-loop client at concurrency c (dscout.bench.serving).
+# (cluster): one SGLang server per method on loopback, closed-loop client at concurrency c (dscout.backends.sglang).
 # Either way the records share one schema and Table 4 picks DScout(best) per c from the measured throughput.
 
 SERVING_ENV = "../envs/serve.yaml" if config["serving"]["backend"] == "sglang" else "../envs/train.yaml"
@@ -25,7 +25,7 @@ rule serving_benchmark:
     log:
         "results/logs/serving_benchmark/{sid}-c{c}.log",
     benchmark:
-        "results/benchmarks/serving_benchmark/{sid}-c{c}.tsv"
+        "results/timings/serving_benchmark/{sid}-c{c}.tsv"
     conda:
         SERVING_ENV
     shell:
@@ -58,7 +58,7 @@ rule table4:
     log:
         "results/logs/table4.log",
     benchmark:
-        "results/benchmarks/table4.tsv"
+        "results/timings/table4.tsv"
     localrule: True
     conda:
         "../envs/plot.yaml"

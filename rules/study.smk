@@ -23,7 +23,7 @@ rule study_benchmark:
     log:
         "results/logs/study_benchmark/{sid}-{benchmark}.log",
     benchmark:
-        "results/benchmarks/study_benchmark/{sid}-{benchmark}.tsv"
+        "results/timings/study_benchmark/{sid}-{benchmark}.tsv"
     conda:
         "../envs/train.yaml"
     shell:
@@ -57,7 +57,7 @@ for _artifact, _kind in (("table1", "tables"), ("table2", "tables"), ("fig4", "f
         log:
             f"results/logs/{_artifact}.log",
         benchmark:
-            f"results/benchmarks/{_artifact}.tsv"
+            f"results/timings/{_artifact}.tsv"
         localrule: True
         conda:
             "../envs/plot.yaml"

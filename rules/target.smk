@@ -15,7 +15,7 @@ rule prepare_target:
     log:
         "results/logs/prepare_target/{tid}.log",
     benchmark:
-        "results/benchmarks/prepare_target/{tid}.tsv"
+        "results/timings/prepare_target/{tid}.tsv"
     conda:
         "../envs/train.yaml"
     shell:
@@ -40,7 +40,7 @@ rule generate_responses:
     log:
         "results/logs/generate_responses/{rid}.log",
     benchmark:
-        "results/benchmarks/generate_responses/{rid}.tsv"
+        "results/timings/generate_responses/{rid}.tsv"
     conda:
         "../envs/serve.yaml" if config["responses"]["backend"] == "sglang" else "../envs/train.yaml"
     shell:

@@ -21,7 +21,7 @@ rule target_features:
     log:
         "results/logs/target_features/{rid}-{fid}.log",
     benchmark:
-        "results/benchmarks/target_features/{rid}-{fid}.tsv"
+        "results/timings/target_features/{rid}-{fid}.tsv"
     conda:
         "../envs/train.yaml"
     shell:
@@ -54,7 +54,7 @@ rule train_drafter:
     log:
         "results/logs/train_drafter/{did}.log",
     benchmark:
-        "results/benchmarks/train_drafter/{did}.tsv"
+        "results/timings/train_drafter/{did}.tsv"
     conda:
         "../envs/train.yaml"
     shell:

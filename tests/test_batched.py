@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dscout.batched.engine import BatchedSpeculativeEngine
+from dscout.decoding.batched import BatchedSpeculativeEngine
 from dscout.decoding.engine import SpeculativeEngine
 from dscout.decoding.proposers import BlockDiffusionProposer
 
@@ -70,7 +70,7 @@ def test_ragged_long_acceptances_keep_every_request_exact(target):
 
 def test_serving_records_and_table4_pick_the_best_block_size(target, tmp_path):
     from dscout.analysis.table4 import table4_rows, write_table4
-    from dscout.batched.serving import serving_records, write_records
+    from dscout.evaluation.serving import serving_records, write_records
 
     d = tiny_drafter(target, layers=1, block_size=16)
     factories = {"ar": ("ar", None, None), "dflash-bs16": ("dflash", "df", lambda: BlockDiffusionProposer(d)),

@@ -44,7 +44,7 @@ def test_a_new_kind_is_one_entry(monkeypatch):
     monkeypatch.setitem(kinds.DRAFTER_KINDS, "dflash_copy", entry)
     monkeypatch.setitem(kinds.METHOD_KINDS, "dflash_copy", entry)
     assert dcfg.resolved_layer_ids({"kind": "dflash_copy", "num_layers": 1, "num_taps": 2}, 4) == [1, 2]
-    from dscout.bench.serving import server_command
+    from dscout.backends.sglang import server_command
 
     with pytest.raises(KeyError, match="has no SGLang server"):
         server_command("m", {"kind": "dflash_copy", "block_size": 4}, 1, 1, "d")

@@ -4,7 +4,7 @@ occurrences counted in the training data."""
 import pytest
 import torch
 
-from dscout.bench.runner import near_tie
+from dscout.evaluation.runner import near_tie
 from dscout.decoding.engine import SpeculativeEngine
 from dscout.training.trainer import count_token
 

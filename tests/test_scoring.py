@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dscout.bench.scoring import extract_gsm8k_answer, score, score_humaneval, score_math500, score_mbpp
+from dscout.evaluation.scoring import extract_gsm8k_answer, score, score_humaneval, score_math500, score_mbpp
 from dscout.data.benchmarks import BENCHMARKS, load_benchmark
 from dscout.data.paths import data_file
 from dscout.data.prompts import load_training_prompts

@@ -8,7 +8,7 @@ single-request and the batched engine alike.
 import pytest
 import torch
 
-from dscout.batched.engine import BatchedSpeculativeEngine
+from dscout.decoding.batched import BatchedSpeculativeEngine
 from dscout.decoding.engine import SpeculativeEngine
 
 from .test_engine import OracleProposer

@@ -105,7 +105,7 @@ def cmd_generate(a):
     out.parent.mkdir(parents=True, exist_ok=True)
     prompts = load_training_prompts(data_root(a.data_root), r["sources"], seed=r["seed"])
     if r.get("backend", "transformers") == "sglang":
-        from dscout.bench.serving import generate_responses_sglang
+        from dscout.backends.sglang import generate_responses_sglang
 
         generate_responses_sglang(st, prompts, out, num_gpus=a.gpus)
     else:
@@ -164,8 +164,8 @@ def cmd_train(a):
 
 
 def cmd_bench(a):
-    from dscout.bench.methods import build_methods
-    from dscout.bench.runner import run_benchmark, write_records
+    from dscout.evaluation.methods import build_methods
+    from dscout.evaluation.runner import run_benchmark, write_records
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
@@ -195,7 +195,7 @@ def cmd_bench(a):
 
 
 def cmd_accuracy(a):
-    from dscout.bench.accuracy import evaluate_accuracy
+    from dscout.evaluation.accuracy import evaluate_accuracy
     from dscout.config import write_resolved
     from dscout.data.paths import data_root
 
@@ -207,7 +207,7 @@ def cmd_accuracy(a):
 
 
 def cmd_table3(a):
-    from dscout.analysis.tables import write_table3
+    from dscout.analysis.table3 import write_table3
 
     write_table3(a.records, a.out_prefix, json.loads(a.stage), accuracy_paths=a.accuracy)
 
@@ -239,7 +239,7 @@ def cmd_depth_search(a):
 
 
 def cmd_fig5(a):
-    from dscout.analysis.depth import write_fig5
+    from dscout.analysis.fig5 import write_fig5
 
     write_fig5(a.search, a.out_prefix, json.loads(a.stage))
 
@@ -270,7 +270,7 @@ def sglang_serving_methods(stage: dict, drafters: dict[str, str]) -> list[tuple[
 
 
 def cmd_serve_cpu(a):
-    from dscout.batched.serving import serving_records, write_records
+    from dscout.evaluation.serving import serving_records, write_records
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
@@ -296,7 +296,7 @@ def cmd_serve_cpu(a):
     drafters = dict(kv.split("=", 1) for kv in a.drafter)
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])
     if st.get("backend") == "sglang":  # one server per method, closed loop at concurrency c (GPU cluster)
-        from dscout.bench.serving import serve_benchmark
+        from dscout.backends.sglang import serve_benchmark
 
         reqs = [{"benchmark": it.benchmark, "prompt_id": pid, "turn": 0, "input_ids": p}
                 for it, pid, p in zip(pool, ids, prompts)]
@@ -343,7 +343,7 @@ def cmd_study(a):
 
 
 def cmd_fig2(a):
-    from dscout.analysis.figures import write_fig2
+    from dscout.analysis.fig2 import write_fig2
 
     write_fig2(a.records, a.out_prefix, json.loads(a.stage))
 

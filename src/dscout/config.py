@@ -27,11 +27,11 @@ STAGE_CODE = {
     "responses": ["models/target.py", "data"],
     "features": ["models/target.py", "training/features.py", "data/responses.py"],
     "train": ["models", "training", "data/responses.py"],
-    "bench": ["models", "decoding", "bench", "data"],
-    "accuracy": ["models/target.py", "bench/accuracy.py", "bench/scoring.py", "data"],
-    "analysis": ["analysis"],
-    "depth": ["models", "training", "decoding", "experiments", "data"],
-    "serving": ["models", "decoding", "batched", "data"],
+    "bench": ["models", "decoding", "evaluation", "records.py", "jsonl.py", "kinds.py", "data"],
+    "accuracy": ["models/target.py", "evaluation/accuracy.py", "evaluation/scoring.py", "jsonl.py", "data"],
+    "analysis": ["analysis", "jsonl.py"],
+    "depth": ["models", "training", "decoding", "experiments", "kinds.py", "data"],
+    "serving": ["models", "decoding", "evaluation/serving.py", "backends", "records.py", "jsonl.py", "data"],
 }
 """Source files (relative to ``src/dscout``) each stage runs; their digest is a rerun trigger."""
 

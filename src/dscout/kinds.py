@@ -85,13 +85,13 @@ class DrafterKind:
 
 DRAFTER_KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("dflash", ("dflash", "dscout"), _block_diffusion_layers,
-                "dscout.training.methods:DFlashMethod", "dscout.bench.methods:block_diffusion_proposer",
+                "dscout.training.methods:DFlashMethod", "dscout.evaluation.methods:block_diffusion_proposer",
                 "dscout.models.pretrained:import_dflash", _dflash_server_flags),
     DrafterKind("eagle3", ("eagle3",), _eagle3_layers,
-                "dscout.training.methods:Eagle3Method", "dscout.bench.methods:eagle3_proposer",
+                "dscout.training.methods:Eagle3Method", "dscout.evaluation.methods:eagle3_proposer",
                 "dscout.models.pretrained:import_eagle3", _eagle3_server_flags, uses_mask_token=False),
     DrafterKind("pard2", ("pard2",), _pard2_layers,
-                "dscout.training.methods:Pard2Method", "dscout.bench.methods:pard2_proposer",
+                "dscout.training.methods:Pard2Method", "dscout.evaluation.methods:pard2_proposer",
                 "dscout.models.pretrained:import_pard2", None),
 )}
 

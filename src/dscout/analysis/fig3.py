@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .aggregate import load_records
-from .figures import _plt, save
+from .plotting import _plt, save
 
 
 def bs_factors(records: list[dict], method: str = "dscout") -> dict[int, dict[str, float]]:

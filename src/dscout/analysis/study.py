@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import paper
 from .aggregate import load_records
-from .figures import _plt, save
+from .plotting import _plt, save
 
 TABLE1_ROWS = [("{4,8,16,32}", "mixed_short", "mixed_short_unmask"), ("{8,16,24,32}", "step2_mixed", "step3_unmask")]
 TABLE2_ROWS = [("fixed 8", "fixed8", 8), ("fixed 16", "dflash", 16), ("fixed 32", "step1_fixed32", 32),

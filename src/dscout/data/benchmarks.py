@@ -47,7 +47,7 @@ class Benchmark:
         hub: the hub copy upstream harnesses load.
         local_file: the mirror file under ``data_root`` (read first when present).
         loader: ``(rows, origin) -> prompts``; rows use the mirror's field names, origin labels errors.
-        scorer: the accuracy scorer in :mod:`dscout.bench.scoring`, or None (unscored).
+        scorer: the accuracy scorer in :mod:`dscout.evaluation.scoring`, or None (unscored).
         turns: user turns per prompt.
         from_hub: maps a hub row to the mirror's field names (None: the same names).
         notes: what is special (shown in docs).

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..decoding.batched import BatchedSpeculativeEngine
 from ..records import make_record
-from .engine import BatchedSpeculativeEngine
 
 
 def serving_records(target, proposer_factories: dict[str, tuple[str, str, object]], prompts: list[list[int]],

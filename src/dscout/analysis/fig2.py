@@ -1,27 +1,10 @@
-"""Figures rendered from raw records (matplotlib, headless): PNG + PDF each."""
+"""Figure 2 from raw records: the accept-length distribution per method (PNG + PDF)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from . import paper
 from .aggregate import accept_length_histogram, load_records
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save(fig, out_prefix: str | Path) -> None:
-    prefix = Path(out_prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(prefix.with_suffix(".png"), dpi=130, bbox_inches="tight")
-    fig.savefig(prefix.with_suffix(".pdf"), bbox_inches="tight")
+from .plotting import _plt, save
 
 
 def write_fig2(record_paths, out_prefix: str, stage: dict) -> None:

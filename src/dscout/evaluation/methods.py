@@ -1,4 +1,4 @@
-"""From the config's ``methods`` list to engines: one :class:`~dscout.bench.runner.Method` per row, AR first."""
+"""From the config's ``methods`` list to engines: one :class:`~dscout.evaluation.runner.Method` per row, AR first."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Table 3 times a few prompts per benchmark; task accuracy needs more, with answer
 temperature 0 a lossless speculative method emits exactly AR's tokens (Table 3 counts any difference), so the
 target's greedy accuracy is every method's accuracy. This stage decodes it batched (``transformers`` generate,
 the same resumable path that regenerates training responses), scores each answer with lm-eval's task metrics
-(:mod:`dscout.bench.scoring`) and writes one JSON object per prompt.
+(:mod:`dscout.evaluation.scoring`) and writes one JSON object per prompt.
 """
 
 from __future__ import annotations

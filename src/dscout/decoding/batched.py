@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..decoding.acceptance import commit_round, greedy_accept
-from ..decoding.engine import GenerationResult
+from .acceptance import commit_round, greedy_accept
+from .engine import GenerationResult
 
 
 @dataclass

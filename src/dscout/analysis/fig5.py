@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from . import paper
-from .figures import _plt, save
+from .plotting import _plt, save
 
 
 def write_fig5(search_json: str | Path, out_prefix: str, stage: dict) -> dict:

@@ -1,0 +1,1 @@
+"""Serving backends of the cluster path (SGLang)."""
