@@ -85,7 +85,7 @@ DRAFTER_STAGES = {DRAFTER_IDS[n]: dcfg.drafter_stage(config, n, NUM_TARGET_LAYER
 # inputs, under which Snakemake reran the cache but not the jobs that needed the new layers.)
 DEPTH = config["depth_search"]["enabled"]
 DEPTH_STAGE = dcfg.depth_search_stage(config, NUM_TARGET_LAYERS) if DEPTH else None
-DEPTH_ID = f"{config['target']['name']}-{dcfg.short_hash(DEPTH_STAGE)}" if DEPTH else None
+DEPTH_ID = dcfg.stage_id(config, DEPTH_STAGE) if DEPTH else None
 FEATURE_STAGES = {
     dcfg.features_id(config, layers): dcfg.features_stage(config, layers)
     for layers in [st["layer_ids"] for st in DRAFTER_STAGES.values() if st["layer_ids"]]
@@ -105,15 +105,7 @@ REPEATS = list(range(config["repeats"]))
 BENCHES = config["benchmarks"]["names"]
 METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in BENCH_STAGE["methods"])]
 # temperatures above 0 run AR and `benchmarks.sampled_methods` (null = all methods)
-_sampled = config["benchmarks"].get("sampled_methods")
-if _sampled is not None:
-    _unknown = sorted(set(_sampled) - {m["name"] for m in config["methods"]})
-    if _unknown:
-        raise ValueError(f"config benchmarks.sampled_methods: {_unknown} are not method names of `methods`")
-SAMPLED_BENCH_STAGE = {
-    **BENCH_STAGE,
-    "methods": [s for s in BENCH_STAGE["methods"] if _sampled is None or s["name"] in _sampled],
-}
+SAMPLED_BENCH_STAGE = dcfg.sampled_bench_stage(config, NUM_TARGET_LAYERS)
 SAMPLED_METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in SAMPLED_BENCH_STAGE["methods"])]
 
 
@@ -121,9 +113,9 @@ def method_keys_at(temp):
     """Method keys benchmarked at temperature ``temp`` (a TEMPS string)."""
     return METHOD_KEYS if float(temp) == 0 else SAMPLED_METHOD_KEYS
 SERVING_STAGE = dcfg.serving_stage(config, DRAFTER_IDS) if SERVING else None
-SERVING_ID = f"{config['target']['name']}-{dcfg.short_hash(SERVING_STAGE)}" if SERVING else None
+SERVING_ID = dcfg.stage_id(config, SERVING_STAGE) if SERVING else None
 STUDY_STAGE = dcfg.study_stage(config, DRAFTER_IDS) if STUDY else None
-STUDY_ID = f"{config['target']['name']}-{dcfg.short_hash(STUDY_STAGE)}" if STUDY else None
+STUDY_ID = dcfg.stage_id(config, STUDY_STAGE) if STUDY else None
 STUDY_METHOD_KEYS = ["ar", *(dcfg.method_key(m, m["drafter_id"]) for m in STUDY_STAGE["methods"])] if STUDY else []
 
 
@@ -286,31 +278,8 @@ def study_drafter_args(wildcards, input):
 
 
 def study_table_stage_json():
-    s = config["study"]
-    recipes = {m["drafter_id"]: m["recipe"] for m in STUDY_STAGE["methods"]} if STUDY else {}
-    return stage_json(
-        {
-            "target": config["target"]["name"],
-            "recipes": recipes,
-            "shape": f"d={s['num_layers']}, t={s['num_taps'] or s['num_layers']}",
-            "max_steps": s["max_steps"],
-            "benchmarks": s["benchmarks"],
-            "num_prompts": s["num_prompts"],
-            "max_new_tokens": s["max_new_tokens"],
-        }
-    )
+    return stage_json(dcfg.study_table_stage(config, STUDY_STAGE))
 
 
 def table_stage_json():
-    b = config["benchmarks"]
-    return stage_json(
-        {
-            "target": config["target"]["name"],
-            "repeats": config["repeats"],
-            "num_prompts": b["num_prompts"],
-            "max_new_tokens": b["max_new_tokens"],
-            "near_tie_epsilon": config["near_tie_epsilon"],
-            "accuracy_max_new_tokens": config["accuracy"]["max_new_tokens"] if ACCURACY else None,
-            "runtime": f"transformers, {config['target']['dtype']}" + (", oneDNN packed linears" if b.get("cpu_packed_linear") else ""),
-        }
-    )
+    return stage_json(dcfg.table_stage(config))

@@ -46,13 +46,7 @@ rule table4:
         tex="results/tables/table4.tex",
     params:
         cli=CLI,
-        stage=stage_json(
-            {
-                "target": config["target"]["name"],
-                "benchmarks": config["serving"]["benchmarks"],
-                "max_new_tokens": config["serving"]["max_new_tokens"],
-            }
-        ),
+        stage=stage_json(dcfg.table4_stage(config)),
         prefix=lambda w, output: os.path.splitext(output[0])[0],
         code=code("analysis"),
     log:

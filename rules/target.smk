@@ -8,9 +8,7 @@ rule prepare_target:
         "results/target/{tid}/target.json",
     params:
         cli=CLI,
-        stage=stage_json({**dcfg.target_stage(config), "device": config["target"]["device"],
-                          "attn_implementation": config["target"]["attn_implementation"],
-                          "num_layers": NUM_TARGET_LAYERS}),
+        stage=stage_json(dcfg.prepare_target_stage(config, NUM_TARGET_LAYERS)),
         code=code("target"),
     log:
         "results/logs/prepare_target/{tid}.log",

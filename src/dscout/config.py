@@ -372,6 +372,58 @@ def accuracy_id(cfg: dict) -> str:
     return f"{cfg['target']['name']}-{short_hash(accuracy_stage(cfg))}"
 
 
+def stage_id(cfg: dict, stage: dict) -> str:
+    """``<target name>-<hash of the stage slice>``: the folder id of a stage's outputs."""
+    return f"{cfg['target']['name']}-{short_hash(stage)}"
+
+
+def prepare_target_stage(cfg: dict, num_target_layers: int) -> dict:
+    """What ``prepare_target`` runs with: the target's identity plus where and how it is loaded."""
+    t = cfg["target"]
+    return {**target_stage(cfg), "device": t["device"], "attn_implementation": t["attn_implementation"],
+            "num_layers": num_target_layers}
+
+
+def sampled_bench_stage(cfg: dict, num_target_layers: int) -> dict:
+    """Table 3 at temperatures above 0: the bench stage restricted to ``benchmarks.sampled_methods`` (null = all).
+
+    Raises:
+        ValueError: naming sampled method names that are not rows of ``methods``.
+    """
+    stage = bench_stage(cfg, num_target_layers)
+    sampled = cfg["benchmarks"].get("sampled_methods")
+    if sampled is not None:
+        unknown = sorted(set(sampled) - {m["name"] for m in cfg["methods"]})
+        if unknown:
+            raise ValueError(f"config benchmarks.sampled_methods: {unknown} are not method names of `methods`")
+    return {**stage, "methods": [m for m in stage["methods"] if sampled is None or m["name"] in sampled]}
+
+
+def table_stage(cfg: dict) -> dict:
+    """What Table 3 and Figure 2 print beside the numbers (captions): run shape and runtime."""
+    b = cfg["benchmarks"]
+    return {"target": cfg["target"]["name"], "repeats": cfg["repeats"], "num_prompts": b["num_prompts"],
+            "max_new_tokens": b["max_new_tokens"], "near_tie_epsilon": cfg["near_tie_epsilon"],
+            "accuracy_max_new_tokens": cfg["accuracy"]["max_new_tokens"] if cfg["accuracy"]["enabled"] else None,
+            "runtime": f"transformers, {cfg['target']['dtype']}"
+                       + (", oneDNN packed linears" if b.get("cpu_packed_linear") else "")}
+
+
+def study_table_stage(cfg: dict, study: dict | None) -> dict:
+    """What Tables 1, 2 and Figures 4, 7 print beside the numbers: the study's recipes and run shape."""
+    s = cfg["study"]
+    recipes = {m["drafter_id"]: m["recipe"] for m in study["methods"]} if study else {}
+    return {"target": cfg["target"]["name"], "recipes": recipes,
+            "shape": f"d={s['num_layers']}, t={s['num_taps'] or s['num_layers']}", "max_steps": s["max_steps"],
+            "benchmarks": s["benchmarks"], "num_prompts": s["num_prompts"], "max_new_tokens": s["max_new_tokens"]}
+
+
+def table4_stage(cfg: dict) -> dict:
+    """What Table 4 prints beside the numbers."""
+    s = cfg["serving"]
+    return {"target": cfg["target"]["name"], "benchmarks": s["benchmarks"], "max_new_tokens": s["max_new_tokens"]}
+
+
 def write_resolved(path: str | Path, stage_config: dict) -> None:
     """Write ``config.resolved.json`` (the stage's exact config plus provenance) next to an output."""
     import platform
