@@ -88,7 +88,7 @@ class DScoutLM(LM):
         super().__init__()
         import torch
 
-        from .bench.methods import build_methods
+        from .evaluation.methods import build_methods
         from .cli import _device, load_target
         from .models.target import TargetModel
 
