@@ -8,7 +8,6 @@ import pytest
 
 from dscout.evaluation.scoring import extract_gsm8k_answer, score, score_humaneval, score_math500, score_mbpp
 from dscout.data.benchmarks import BENCHMARKS, load_benchmark
-from dscout.data.paths import data_file
 from dscout.data.prompts import load_training_prompts
 
 DATA = Path(os.environ.get("DSCOUT_DATA_ROOT", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -57,11 +56,6 @@ def test_every_benchmark_loads_real_prompts(name):
 def test_gsm8k_reference_answers_score_themselves():
     for it in load_benchmark("gsm8k", DATA, 20):
         assert score("gsm8k", f"... \\boxed{{{it.reference['answer']}}}", it.reference)
-
-
-def test_missing_file_names_file_and_key(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data_root"):
-        data_file(tmp_path, "gsm8k/test.jsonl")
 
 
 def test_bad_row_names_file_and_row(tmp_path):

@@ -17,17 +17,3 @@ def data_root(configured: str | os.PathLike | None = None) -> Path:
     """The data folder: ``$DSCOUT_DATA_ROOT`` if set, else ``configured``, else ``../shared/data``."""
     env = os.environ.get(ENV_VAR)
     return Path(env or configured or "../shared/data")
-
-
-def data_file(root: str | os.PathLike, relative: str) -> Path:
-    """``root / relative``, checked.
-
-    Raises:
-        FileNotFoundError: naming the file, the ``data_root`` config key and the environment variable.
-    """
-    path = Path(root) / relative
-    if not path.exists():
-        raise FileNotFoundError(
-            f"data file {path} not found. Point the config key 'data_root' (or the environment variable "
-            f"{ENV_VAR}) at a data mirror that holds '{relative}' (docs/data.md; `dscout fetch-data` writes one).")
-    return path

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..data.benchmarks import load_benchmark
 from ..data.responses import generate_responses
 from ..jsonl import read_jsonl, write_jsonl
-from .scoring import score
+from .scoring import EXECUTES_CODE, SCORERS, score
 
 
 def evaluate_accuracy(target, benchmark: str, root, out_path: str | os.PathLike, stage: dict) -> list[dict]:
@@ -38,8 +38,7 @@ def evaluate_accuracy(target, benchmark: str, root, out_path: str | os.PathLike,
     """
     a, chat = stage["accuracy"], stage["chat"]
     items = load_benchmark(benchmark, root, a["num_prompts"], seed=a["seed"])
-    probe = score(benchmark, "", items[0].reference, execute_code=a["confirm_run_unsafe_code"])
-    if probe is None:
+    if benchmark not in SCORERS or (benchmark in EXECUTES_CODE and not a["confirm_run_unsafe_code"]):
         raise ValueError(f"accuracy.benchmarks: '{benchmark}' has no scorer here (or runs code and "
                          "benchmarks.confirm_run_unsafe_code is false)")
     out_path = Path(out_path)
