@@ -81,6 +81,8 @@ class DScoutLM(LM):
         NotImplementedError: for loglikelihood requests.
     """
 
+    instances: list["DScoutLM"] = []
+
     def __init__(self, target: str, drafter: str | None = None, kind: str | None = None, block_size: int = 16,
                  topk: int = 4, depth: int = 4, compare_ar=True, max_gen_toks: int = 256, dtype: str = "float32",
                  device: str = "auto", stop_tokens: str | None = None, threads: int | None = None,
@@ -119,6 +121,7 @@ class DScoutLM(LM):
         self.system_prompt = system_prompt
         self.seed = int(seed)
         self.stats: dict[str, dict] = {}
+        DScoutLM.instances.append(self)  # main() prints each model's speed table after lm-eval's results
         warm = tok("Warm-up.", add_special_tokens=False)["input_ids"]  # first calls pay one-off costs: not timed
         for m in {id(self.ar): self.ar, id(self.method): self.method}.values():
             m.engine.generate(warm, 4, block_size=self.block_size if m is self.method else 1)
@@ -245,14 +248,6 @@ def main(argv=None) -> None:
 
     from lm_eval.__main__ import cli_evaluate
 
-    instances: list[DScoutLM] = []
-    original_init = DScoutLM.__init__
-
-    def tracking_init(self, *a, **k):
-        original_init(self, *a, **k)
-        instances.append(self)
-
-    DScoutLM.__init__ = tracking_init
     args = list(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory() as tasks:
         if "--mirror" in args:
@@ -263,7 +258,7 @@ def main(argv=None) -> None:
             args += ["--include_path", tasks]
         sys.argv = ["dscout-lm-eval", *args]
         cli_evaluate()
-    for lm in instances:
+    for lm in DScoutLM.instances:
         table = lm.speed_table()
         print("\ndscout speed (speculative vs AR on the same requests)\n" + format_speed_table(table))
         out = lm.stats_path
