@@ -16,7 +16,8 @@ rule benchmark:
             "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{repeat}/{method}.jsonl",
             repeat=REPEATS,
             method=METHOD_KEYS,
-        ),
+        )
+        + expand("results/bench/{{bid}}/{{benchmark}}/t{{temp}}/latency-{method}.json", method=ONLINE_METHOD_KEYS),
     params:
         cli=CLI,
         stage=stage_json(BENCH_STAGE),
@@ -50,6 +51,9 @@ use rule benchmark as benchmark_sampled with:
             "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{repeat}/{method}.jsonl",
             repeat=REPEATS,
             method=SAMPLED_METHOD_KEYS,
+        )
+        + expand(
+            "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/latency-{method}.json", method=SAMPLED_ONLINE_METHOD_KEYS
         ),
     params:
         stage=stage_json(SAMPLED_BENCH_STAGE),

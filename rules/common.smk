@@ -107,6 +107,11 @@ METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in BENCH_ST
 # temperatures above 0 run AR and `benchmarks.sampled_methods` (null = all methods)
 SAMPLED_BENCH_STAGE = dcfg.sampled_bench_stage(config, NUM_TARGET_LAYERS)
 SAMPLED_METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in SAMPLED_BENCH_STAGE["methods"])]
+# rows decoded with the online block-size controller: their jobs also save the calibrated latency model
+ONLINE_METHOD_KEYS = [dcfg.method_key(s, s.get("drafter_id")) for s in BENCH_STAGE["methods"]
+                      if s.get("block_size") == "online"]
+SAMPLED_ONLINE_METHOD_KEYS = [dcfg.method_key(s, s.get("drafter_id")) for s in SAMPLED_BENCH_STAGE["methods"]
+                              if s.get("block_size") == "online"]
 
 
 def method_keys_at(temp):
@@ -199,6 +204,8 @@ def final_outputs():
         "results/figures/fig2.png",
         "results/figures/fig2.pdf",
     ]
+    if ONLINE_METHOD_KEYS and "0" in TEMPS:
+        out += ["results/figures/fig_online.png", "results/figures/fig_online.pdf"]
     if DEPTH:
         out += [f"results/figures/{f}.{e}" for f in ("fig3", "fig5") for e in ("png", "pdf")]
     if SERVING:
@@ -263,6 +270,12 @@ def drafter_inputs(wildcards):
 
 def study_drafter_inputs(wildcards):
     return {n: f"{drafter_dir(n)}/training_summary.json" for n in STUDY_DRAFTERS}
+
+
+def online_latency_files():
+    """The latency models the temperature-0 benchmark jobs of online rows calibrated (Figure "online")."""
+    return expand("results/bench/{bid}/{benchmark}/t0/latency-{method}.json", bid=BENCH_ID, benchmark=BENCHES,
+                  method=ONLINE_METHOD_KEYS)
 
 
 def bench_out_dir(wildcards):

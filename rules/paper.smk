@@ -51,3 +51,30 @@ rule fig2:
     shell:
         "python {params.cli} fig2 --stage {params.stage:q} --records {input} --out-prefix results/figures/fig2 "
         "> {log} 2>&1"
+
+
+# The online block-size controller (rows with `block_size: online`): bs chosen per round beside acceptance, and
+# the calibrated latency model against the measured round times.
+rule fig_online:
+    message:
+        "Figure online (block size chosen per round, latency model vs measured rounds)"
+    input:
+        records=[p for p in bench_records() if "/t0/" in p],
+        latency=online_latency_files(),
+    output:
+        png=report("results/figures/fig_online.png", caption="../report/fig_online.rst", category="Figures"),
+        pdf="results/figures/fig_online.pdf",
+    params:
+        cli=CLI,
+        stage=table_stage_json(),
+        code=code("analysis"),
+    log:
+        "results/logs/fig_online.log",
+    benchmark:
+        "results/timings/fig_online.tsv"
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    shell:
+        "python {params.cli} fig-online --stage {params.stage:q} --records {input.records} "
+        "--latency {input.latency} --out-prefix results/figures/fig_online > {log} 2>&1"

@@ -93,7 +93,7 @@ def test_paper_preset_dry_runs():
     assert jobs["train_drafter"] == 4 + 8  # six benchmarks x T in {0, 1}:
     assert jobs["benchmark"] == 6 and jobs["benchmark_sampled"] == 6
     assert jobs["generate_responses"] == 1 and jobs["table3"] == 1
-    for table_or_figure in ("fig2", "fig3", "fig5", "table4", "study_table1", "study_table2", "study_fig4",
+    for table_or_figure in ("fig2", "fig_online", "fig3", "fig5", "table4", "study_table1", "study_table2", "study_fig4",
                             "study_fig7"):  # every table and figure of the paper
         assert jobs[table_or_figure] == 1, table_or_figure
     assert jobs["serving_benchmark"] == 4 and jobs["study_benchmark"] == 6 and jobs["depth_search"] == 1
@@ -167,7 +167,8 @@ def test_smoke_dag_produces_table3_from_records(smoke_run):
     greedy = [r for r in records if r["method"] != "ar" and r["temperature"] == 0]
     assert greedy and all(r["matches_ar"] or r["near_tie"] for r in greedy)
     for r in greedy:
-        assert all(1 <= n <= r["block_size"] for n in r["accept_lengths"])
+        bound = r["max_block_size"] if r["block_size"] == "online" else r["block_size"]
+        assert all(1 <= n <= bound for n in r["accept_lengths"])
     drafters = list((work / "results/drafters").glob("*/training_summary.json"))
     assert {json.loads(d.read_text())["kind"] for d in drafters} == {"dflash", "eagle3", "pard2"}
     assert all((d.parent / "config.resolved.json").exists() for d in drafters)
@@ -248,6 +249,27 @@ def test_smoke_dag_runs_the_depth_search(smoke_artifacts_run):
 
 
 @pytest.mark.slow
+def test_smoke_dag_runs_the_online_block_size_controller(smoke_run):
+    """The `block_size: online` row: calibrated latency model saved per job, bs chosen per round in the records,
+    its comparison with the fixed rows in Table 3 and its figure."""
+    work, _ = smoke_run
+    online = [json.loads(l) for f in (work / "results/bench").rglob("dscout-online-*.jsonl")
+              for l in f.read_text().splitlines()]
+    assert online and all(r["block_size"] == "online" and r["matches_ar"] for r in online)
+    for r in online:
+        assert len(r["round_block_sizes"]) == len(r["accept_lengths"]) == len(r["round_seconds"])
+        assert all(1 <= n <= b <= r["max_block_size"] for n, b in zip(r["accept_lengths"], r["round_block_sizes"]))
+    latency = list((work / "results/bench").rglob("t0/latency-dscout-online-*.json"))
+    assert len(latency) == 6 and {s["part"] for s in json.loads(latency[0].read_text())["samples"]} == {
+        "draft", "commit", "verify"}
+    table = (work / "results/tables/table3.md").read_text()
+    assert "DScout(online) against the fixed block sizes" in table and "Within 3% of the oracle" in table
+    assert (work / "results/figures/fig_online.png").stat().st_size > 0
+    assert json.loads((work / "results/figures/fig_online.json").read_text())["rounds"] == sum(
+        len(r["round_block_sizes"]) for r in online if r["temperature"] == 0)
+
+
+@pytest.mark.slow
 def test_smoke_dag_renders_table4_from_batched_serving(smoke_artifacts_run):
     work, _ = smoke_artifacts_run
     rows = (work / "results/tables/table4.csv").read_text().splitlines()
@@ -255,6 +277,9 @@ def test_smoke_dag_renders_table4_from_batched_serving(smoke_artifacts_run):
     records = [json.loads(l) for f in (work / "results/serving").rglob("*.jsonl") for l in f.read_text().splitlines()]
     ar = {(r["concurrency"], r["prompt_id"]): r["output_ids"] for r in records if r["method"] == "ar"}
     assert all(r["output_ids"] == ar[(r["concurrency"], r["prompt_id"])] for r in records)
+    assert {r["block_size"] for r in records if r["method_key"] == "dscout-online"} == {"online"}
+    assert "DScout(online)" in (work / "results/tables/table4.md").read_text()
+    assert "online_vs_best" in rows[0]
 
 
 @pytest.mark.slow

@@ -24,6 +24,10 @@ def _base():
     ({"serving": {"enabled": True, "eagle3_drafter": "eagle3"}}, r"serving.eagle3_drafter: 'eagle3' must be a published"),
     ({"depth_search": {"enabled": True, "recipe": "dflash", "block_size": 24}},
      r"depth_search.block_size: 24 exceeds the largest training horizon 16"),
+    ({"methods": [{"name": "E(online)", "kind": "eagle3", "drafter": "eagle3", "block_size": "online"}]},
+     r"methods\[0\].block_size: 'online' needs a block-diffusion drafter"),
+    ({"serving": {"enabled": True, "online": True, "backend": "sglang"}},
+     r"serving.online: the online block-size controller runs in this project's batched engine; SGLang has no"),
 ])
 def test_check_plan_names_the_key(patch, message, monkeypatch):
     if "data_root" in patch:

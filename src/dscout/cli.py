@@ -182,6 +182,9 @@ def cmd_bench(a):
     methods = build_methods(target, st["methods"], drafter_dirs, stops,
                             cpu_packed_linear=b.get("cpu_packed_linear", False))
     out = Path(a.out_dir)
+    for m in methods:  # the online controller's latency model, calibrated at start-up, is saved with the run
+        if m.engine.controller is not None:
+            m.engine.controller.latency.to_json(out / f"latency-{m.key}.json")
     prefills = {}  # identical prompt prefills are computed once across methods and repeats
     for repeat in range(a.repeats):
         records = run_benchmark(target, methods, prompts, benchmark=a.benchmark, max_new_tokens=max_new,
@@ -325,7 +328,18 @@ def cmd_serve_cpu(a):
     for bs in st["block_sizes"]:
         factories[f"dscout-bs{bs}"] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
         sizes[f"dscout-bs{bs}"] = bs
-    records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops)
+    controllers = {}
+    if st.get("online"):  # DScout(online): calibrated at this level's concurrency, one bs per batch round
+        from dscout.evaluation.methods import online_controller
+
+        probe = BlockDiffusionProposer(loaded["dscout"])
+        ctl = online_controller(target, probe, st["online"], concurrency=a.concurrency)
+        ctl.latency.to_json(Path(a.out).with_suffix(".latency-dscout-online.json"))
+        factories["dscout-online"] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
+        sizes["dscout-online"] = probe.max_block_size
+        controllers["dscout-online"] = ctl
+    records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops,
+                              controllers=controllers)
     write_records(records, a.out)
     write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
 
@@ -346,6 +360,12 @@ def cmd_fig2(a):
     from dscout.analysis.fig2 import write_fig2
 
     write_fig2(a.records, a.out_prefix, json.loads(a.stage))
+
+
+def cmd_fig_online(a):
+    from dscout.analysis.fig_online import write_fig_online
+
+    write_fig_online(a.records, a.latency, a.out_prefix, json.loads(a.stage))
 
 
 def cmd_fetch_data(a):
@@ -416,6 +436,10 @@ def main(argv=None):
     p.add_argument("--out-prefix", required=True)
     p = add("fig2", cmd_fig2, "Figure 2 from raw records")
     p.add_argument("--records", nargs="+", required=True)
+    p.add_argument("--out-prefix", required=True)
+    p = add("fig-online", cmd_fig_online, "Figure online: bs chosen per round and the latency model's fit")
+    p.add_argument("--records", nargs="+", required=True)
+    p.add_argument("--latency", nargs="+", required=True, help="latency-<method>.json files of the bench jobs")
     p.add_argument("--out-prefix", required=True)
     p = add("depth-search", cmd_depth_search, "Figure 5's drafter-depth search (trains candidates lazily)")
     p.add_argument("--target", required=True)

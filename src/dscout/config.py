@@ -31,7 +31,8 @@ STAGE_CODE = {
     "accuracy": ["models/target.py", "evaluation/accuracy.py", "evaluation/scoring.py", "jsonl.py", "data"],
     "analysis": ["analysis", "jsonl.py"],
     "depth": ["models", "training", "decoding", "experiments", "kinds.py", "data"],
-    "serving": ["models", "decoding", "evaluation/serving.py", "backends", "records.py", "jsonl.py", "data"],
+    "serving": ["models", "decoding", "evaluation/serving.py", "evaluation/methods.py", "backends", "records.py",
+                "jsonl.py", "data"],
 }
 """Source files (relative to ``src/dscout``) each stage runs; their digest is a rerun trigger."""
 
@@ -163,9 +164,17 @@ def check_plan(config: dict, source: str = "config") -> None:
                             "it with a longer horizon (recipe_overrides.horizons)")
 
     for i, m in enumerate(config.get("methods", [])):
-        if m.get("drafter") and m.get("block_size") and m["kind"] in BLOCK_DIFFUSION:
+        if m.get("block_size") == "online":
+            if m["kind"] not in BLOCK_DIFFUSION:
+                problems.append(f"methods[{i}].block_size: 'online' needs a block-diffusion drafter (kind "
+                                f"{' or '.join(sorted(BLOCK_DIFFUSION))}); '{m['kind']}' has no mixed horizons to pick from")
+        elif m.get("drafter") and m.get("block_size") and m["kind"] in BLOCK_DIFFUSION:
             horizon_check(f"methods[{i}].block_size", m["drafter"], m["block_size"])
     s = config.get("serving", {})
+    if s.get("enabled") and s.get("online") and s.get("backend") == "sglang":
+        problems.append("serving.online: the online block-size controller runs in this project's batched engine; "
+                        "SGLang has no per-round block-size hook (docs/online_controller.md): set serving.online: "
+                        "false or serving.backend: batched")
     if s.get("enabled"):
         horizon_check("serving.dflash_drafter", s["dflash_drafter"], 16)
         for bs in s.get("block_sizes", []):
@@ -320,7 +329,8 @@ def method_key(spec: dict, drafter_id: str | None) -> str:
     """File-safe key of a method row, e.g. ``dscout-bs16-<drafter id>``."""
     import re
 
-    key = spec["kind"] + (f"-bs{spec['block_size']}" if spec.get("block_size") else "")
+    bs = spec.get("block_size")
+    key = spec["kind"] + ("-online" if bs == "online" else f"-bs{bs}" if bs else "")
     key += (f"-k{spec['topk']}" if spec.get("topk") else "") + (f"-d{spec['depth']}" if spec.get("depth") else "")
     key += "-nofeat" if spec.get("use_features") is False else ""
     if drafter_id:
@@ -335,6 +345,8 @@ def method_specs(cfg: dict, num_target_layers: int) -> list[dict]:
         spec = dict(m)
         if m.get("drafter"):
             spec["drafter_id"] = drafter_id(cfg, m["drafter"], num_target_layers)
+        if m.get("block_size") == "online":  # its records depend on the controller's settings
+            spec["controller"] = dict(cfg["controller"])
         specs.append(spec)
     return specs
 
@@ -518,6 +530,8 @@ def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     """What Table 4's records depend on: target, drafters, prompt pool, candidates and concurrency levels."""
     s, b, t = cfg["serving"], cfg["benchmarks"], cfg["target"]
     extra = {}
+    if s.get("online"):  # only when set, so that configs without it keep their ids
+        extra["online"] = dict(cfg["controller"])
     if s.get("eagle3_drafter"):  # only when set, so that configs without it keep their ids
         name = s["eagle3_drafter"]
         row = next((m for m in cfg["methods"] if m["kind"] == "eagle3" and m.get("drafter") == name), {})

@@ -18,7 +18,7 @@ def write_fig2(record_paths, out_prefix: str, stage: dict) -> None:
     records = [r for r in load_records(record_paths) if r["temperature"] == 0]
     hist = accept_length_histogram(records)
     names = {r["method_key"]: (r.get("method_name") or r["method_key"], r.get("block_size")) for r in records}
-    keys = sorted(hist, key=lambda k: (names[k][1] or 0, names[k][0]))
+    keys = sorted(hist, key=lambda k: (names[k][1] if isinstance(names[k][1], int) else 10 ** 6, names[k][0]))
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     width = 0.8 / max(len(keys), 1)
     max_len = max((max(h) for h in hist.values()), default=1)
@@ -26,9 +26,9 @@ def write_fig2(record_paths, out_prefix: str, stage: dict) -> None:
         xs = list(range(1, max_len + 1))
         ys = [100 * hist[k].get(x, 0.0) for x in xs]
         name, bs = names[k]
-        full = 100 * hist[k].get(bs, 0.0) if bs else 0.0
-        ax.bar([x + (i - (len(keys) - 1) / 2) * width for x in xs], ys, width=width,
-               label=f"{name}: full block in {full:.1f}% of rounds")
+        full = f"full block in {100 * hist[k].get(bs, 0.0):.1f}% of rounds" if isinstance(bs, int) \
+            else "bs chosen per round"
+        ax.bar([x + (i - (len(keys) - 1) / 2) * width for x in xs], ys, width=width, label=f"{name}: {full}")
     ax.set_xlabel("accepted length per round (tokens, bonus included)")
     ax.set_ylabel("share of draft rounds (%)")
     ax.set_title(f"Accept-length distribution, {stage.get('target', 'target')}, temperature 0 "

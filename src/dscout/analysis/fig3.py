@@ -17,10 +17,11 @@ from .plotting import _plt, save
 
 
 def bs_factors(records: list[dict], method: str = "dscout") -> dict[int, dict[str, float]]:
-    """Per inference bs of ``method`` (greedy): τ (tokens/round), T (s/round) and G (tokens/s), pooled."""
+    """Per fixed inference bs of ``method`` (greedy): τ (tokens/round), T (s/round) and G (tokens/s), pooled."""
     acc = defaultdict(lambda: {"tokens": 0, "rounds": 0, "seconds": 0.0})
     for r in records:
-        if r["method"] != method or r["temperature"] != 0 or not r["accept_lengths"]:
+        if r["method"] != method or r["temperature"] != 0 or not r["accept_lengths"] \
+                or not isinstance(r["block_size"], int):  # online rows have no single bs
             continue
         a = acc[int(r["block_size"])]
         a["tokens"] += sum(r["accept_lengths"])

@@ -119,6 +119,55 @@ def accuracy_lines(sub: list[dict], temperature: float) -> list[str]:
     return lines + [""]
 
 
+def online_lines(sub: list[dict], records: list[dict], temperature: float) -> list[str]:
+    """Markdown: each online-controller row against the fixed-bs rows of the same drafter, per benchmark.
+
+    The oracle is the fixed bs with the best measured speedup on that benchmark, picked after the fact; the
+    controller's goal (docs/online_controller.md) is to be within 3% of it and above bs 16. Also: the mean bs the
+    controller chose and its overhead per round (decisions + feedback, microseconds).
+    """
+    online = [r for r in sub if r["block_size"] == "online"]
+    if not online:
+        return []
+    lines = []
+    for key in dict.fromkeys(r["method_key"] for r in online):
+        rows = {r["benchmark"]: r for r in sorted(online, key=lambda r: list(BENCH_LABELS).index(r["benchmark"])
+                                                   if r["benchmark"] in BENCH_LABELS else len(BENCH_LABELS))
+                if r["method_key"] == key}
+        name, drafter = next(iter(rows.values()))["method_name"], next(iter(rows.values()))["drafter"]
+        recs = [r for r in records if r["method_key"] == key and r["temperature"] == temperature]
+        rounds = [b for r in recs for b in r.get("round_block_sizes") or []]
+        overhead = sum(r.get("controller_seconds") or 0.0 for r in recs)
+        lines += [f"{name} against the fixed block sizes of the same drafter (oracle = the best fixed bs per "
+                  "benchmark, picked after the fact):", "",
+                  "| Benchmark | online | mean bs chosen | oracle (bs) | online / oracle | bs 16 | online / bs 16 |",
+                  "|---|---|---|---|---|---|---|"]
+        within, above = [], []
+        for b, r in rows.items():
+            fixed = [x for x in sub if x["benchmark"] == b and x["drafter"] == drafter
+                     and isinstance(x["block_size"], int)]
+            best = max(fixed, key=lambda x: x["speedup_mean"] or 0.0) if fixed else None
+            b16 = next((x for x in fixed if x["block_size"] == 16), None)
+            chosen = [c for x in recs if b in (x["benchmark"], "average") for c in x.get("round_block_sizes") or []]
+            ratio = r["speedup_mean"] / best["speedup_mean"] if best and best["speedup_mean"] else None
+            ratio16 = r["speedup_mean"] / b16["speedup_mean"] if b16 and b16["speedup_mean"] else None
+            if b != "average":
+                within.append(ratio is not None and ratio >= 0.97)
+                above.append(ratio16 is not None and ratio16 > 1.0)
+            lines.append(f"| {BENCH_LABELS.get(b, b)} | {r['speedup_mean']:.2f}× τ{r['mat_mean']:.2f} | "
+                         f"{sum(chosen) / max(len(chosen), 1):.1f} | "
+                         + (f"{best['speedup_mean']:.2f}× ({best['block_size']})" if best else "–") + " | "
+                         + (f"{100 * (ratio - 1):+.1f}%" if ratio is not None else "–") + " | "
+                         + (f"{b16['speedup_mean']:.2f}×" if b16 else "–") + " | "
+                         + (f"{100 * (ratio16 - 1):+.1f}%" if ratio16 is not None else "–") + " |")
+        lines += ["", f"Within 3% of the oracle on every benchmark: **{'yes' if within and all(within) else 'no'}** "
+                      f"({sum(within)}/{len(within)}); above bs 16 everywhere: "
+                      f"**{'yes' if above and all(above) else 'no'}** ({sum(above)}/{len(above)}). Controller "
+                      f"overhead: {1e6 * overhead / max(len(rounds), 1):.0f} µs per round over {len(rounds)} rounds.",
+                  ""]
+    return lines
+
+
 def write_table3(record_paths, out_prefix: str, stage: dict, accuracy_paths=()) -> list[dict]:
     """``<prefix>.md``, ``.csv``, ``.tex`` and ``.json`` of Table 3 from the raw records.
 
@@ -136,7 +185,7 @@ def write_table3(record_paths, out_prefix: str, stage: dict, accuracy_paths=()) 
     temps = sorted({r["temperature"] for r in rows})
     benches = [b for b in BENCH_LABELS if any(r["benchmark"] == b for r in rows)]
     target = stage.get("target", "target")
-    lines = [f"# Table 3 — speedup over AR and mean accepted tokens (τ)", "",
+    lines = ["# Table 3 — speedup over AR and mean accepted tokens (τ)", "",
              f"Measured here: target **{target}** ({stage.get('runtime', 'transformers, CPU')}), "
              f"concurrency 1, mean ± std over {stage.get('repeats', '?')} repeats; prompts per benchmark: "
              f"{stage.get('num_prompts', '?')}; max new tokens per turn: {stage.get('max_new_tokens', '?')}. "
@@ -157,6 +206,7 @@ def write_table3(record_paths, out_prefix: str, stage: dict, accuracy_paths=()) 
         if t == 0:
             lines += [f"Greedy outputs differing from AR: **{mism}** (bugs) + {ties} at a floating-point "
                       f"near-tie (top-2 logit gap < ε = {stage.get('near_tie_epsilon', '?')}).", ""]
+        lines += online_lines(sub, records, t)
         lines += accuracy_lines(sub, t)
         tex.append(latex_grid(sub, benches, table3_cell,
                               f"Speedup over AR and $\\tau$ on {target}, temperature {t:g} (measured).",

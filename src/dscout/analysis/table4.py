@@ -31,6 +31,10 @@ def throughput_table(records: list[dict]) -> dict[int, dict[str, dict]]:
             rounds = [n for r in rs for n in r["accept_lengths"]]
             row[key] = {"throughput": tokens / max(seconds, 1e-9), "mat": sum(rounds) / max(len(rounds), 1),
                         "block_size": rs[0]["block_size"], "kind": rs[0]["method"]}
+            if rs[0]["block_size"] == "online":  # one batch: the controller's rounds are shared by its records
+                chosen = rs[0].get("round_block_sizes") or []
+                row[key].update(bs_mean=sum(chosen) / max(len(chosen), 1),
+                                overhead_us=1e6 * rs[0].get("controller_seconds", 0.0) / max(len(chosen), 1))
         if "ar" not in row:
             raise ValueError(f"no AR run at concurrency {c}")
         for v in row.values():
@@ -47,7 +51,8 @@ def table4_rows(records: list[dict]) -> list[dict]:
     """
     rows = []
     for c, m in throughput_table(records).items():
-        dscout = {k: v for k, v in m.items() if v["kind"] == "dscout"}
+        dscout = {k: v for k, v in m.items() if v["kind"] == "dscout" and v["block_size"] != "online"}
+        online = next((v for v in m.values() if v["block_size"] == "online"), None)
         best_key = max(dscout, key=lambda k: dscout[k]["throughput"]) if dscout else None
         fixed16 = next((v for v in dscout.values() if v["block_size"] == 16), None)
         row = {"concurrency": c, "ar_tokens_per_s": m["ar"]["throughput"]}
@@ -61,6 +66,12 @@ def table4_rows(records: list[dict]) -> list[dict]:
         row["best_mat"] = dscout[best_key]["mat"] if best_key else None
         row["selection_gain"] = (dscout[best_key]["throughput"] / fixed16["throughput"] - 1
                                  if best_key and fixed16 else None)
+        row["online_speedup"] = online["speedup"] if online else None
+        row["online_mat"] = online["mat"] if online else None
+        row["online_bs_mean"] = online["bs_mean"] if online else None
+        row["online_overhead_us_per_round"] = online["overhead_us"] if online else None
+        row["online_vs_best"] = (online["throughput"] / dscout[best_key]["throughput"] - 1
+                                 if online and best_key else None)
         rows.append(row)
     return rows
 
@@ -79,15 +90,20 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
         w.writeheader()
         w.writerows(rows)
     eagle3 = any(r["eagle3_speedup"] is not None for r in rows)
+    online = any(r["online_speedup"] is not None for r in rows)
     head = ["c", "AR (tok/s)", *(["EAGLE-3"] if eagle3 else []), "DFlash(16)", "DScout(16)", "DScout(32)",
-            "DScout(best)", "best bs", "gain of selection"]
+            "DScout(best)", "best bs", "gain of selection",
+            *(["DScout(online)", "mean bs chosen", "online vs best", "controller µs/round"] if online else [])]
     cells = [[str(r["concurrency"]), _f(r["ar_tokens_per_s"], "{:.1f}"),
               *([f"{_f(r['eagle3_speedup'])}× τ{_f(r['eagle3_mat'])}"] if eagle3 else []),
               f"{_f(r['dflash16_speedup'])}× τ{_f(r['dflash16_mat'])}",
               f"{_f(r['dscout16_speedup'])}× τ{_f(r['dscout16_mat'])}",
               f"{_f(r['dscout32_speedup'])}× τ{_f(r['dscout32_mat'])}",
               f"{_f(r['best_speedup'])}× τ{_f(r['best_mat'])}", str(r["best_bs"]),
-              _f(None if r["selection_gain"] is None else 100 * r["selection_gain"], "{:+.1f}%")] for r in rows]
+              _f(None if r["selection_gain"] is None else 100 * r["selection_gain"], "{:+.1f}%"),
+              *([f"{_f(r['online_speedup'])}× τ{_f(r['online_mat'])}", _f(r["online_bs_mean"], "{:.1f}"),
+                 _f(None if r["online_vs_best"] is None else 100 * r["online_vs_best"], "{:+.1f}%"),
+                 _f(r["online_overhead_us_per_round"], "{:.0f}")] if online else [])] for r in rows]
     if stage.get("backend") == "sglang":
         how = ("SGLang servers, one per method on loopback: AR, EAGLE-3 (EAGLE3), DFlash and DScout (DFLASH), "
                "closed-loop client with c requests in flight")
@@ -98,7 +114,11 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
                "throughput / AR throughput at the same c; DScout(best) picks bs per c from the measured throughput; "
                "computed from results/serving/ records. PARD-2 is not in this table: SGLang has no PARD algorithm "
                "(vLLM serves PARD through its parallel-drafting path, which this workflow does not run); its "
-               "single-request speed is in Table 3.")
+               "single-request speed is in Table 3."
+               + (" DScout(online): the online block-size controller picks one bs per batch round from the batch's "
+                  "recent acceptance and a latency model calibrated at start-up (docs/online_controller.md); "
+                  "'online vs best' compares it with the offline per-c choice, picked after the fact."
+                  if online else ""))
     md = ["# Table 4 — serving throughput at concurrency c", "", caption, "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(c) + " |" for c in cells]

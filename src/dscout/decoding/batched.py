@@ -35,6 +35,8 @@ class BatchResult:
         draft_seconds, verify_seconds: per round, for the whole batch.
         decode_seconds: wall time of the decode loop (prefill excluded).
         prefill_seconds: the batched prefill.
+        block_sizes: per round, the bs an online controller chose (empty without one).
+        controller_seconds: the controller's wall seconds (inside the rounds' draft seconds).
     """
 
     results: list[GenerationResult]
@@ -42,6 +44,8 @@ class BatchResult:
     verify_seconds: list[float] = field(default_factory=list)
     decode_seconds: float = 0.0
     prefill_seconds: float = 0.0
+    block_sizes: list[int] = field(default_factory=list)
+    controller_seconds: float = 0.0
 
     @property
     def new_tokens(self) -> int:
@@ -60,11 +64,16 @@ class BatchedSpeculativeEngine:
         target: :class:`~dscout.models.target.TargetModel`.
         proposer_factory: ``() -> proposer``; one fresh proposer per request (chain drafts only), or None for AR.
         stop_token_ids: token ids that end a request.
+        controller: optional :class:`~dscout.decoding.controller.BlockSizeController`: one bs per batch round,
+            chosen from the pooled acceptance of the batch's requests and the latency model at the number of
+            active requests c (``block_size`` of :meth:`generate` is then the largest bs it may pick).
     """
 
-    def __init__(self, target, proposer_factory=None, stop_token_ids: list[int] | tuple[int, ...] = ()):
+    def __init__(self, target, proposer_factory=None, stop_token_ids: list[int] | tuple[int, ...] = (),
+                 controller=None):
         self.target = target
         self.proposer_factory = proposer_factory
+        self.controller = controller if proposer_factory is not None else None
         self.stop_token_ids = set(stop_token_ids)
         probe = proposer_factory() if proposer_factory else None
         self.layer_ids = list(probe.layer_ids) if probe is not None else []
@@ -113,9 +122,16 @@ class BatchedSpeculativeEngine:
         keys = valid  # [B, S]: which cache slots hold committed tokens
         while any(active):
             ta = time.perf_counter()
+            bs_round = bs
+            if self.controller is not None:
+                spent = self.controller.overhead_seconds
+                left = max(max_new_tokens - len(results[i].output_ids) for i in range(B) if active[i])
+                bs_round = self.controller.choose(sum(active), limit=min(bs, left))
+                batch.block_sizes.append(bs_round)
+                batch.controller_seconds += self.controller.overhead_seconds - spent
             drafts = []
             for i in range(B):
-                k = min(bs - 1, max_new_tokens - len(results[i].output_ids) - 1) if active[i] else 0
+                k = min(bs_round - 1, max_new_tokens - len(results[i].output_ids) - 1) if active[i] else 0
                 d = proposers[i].propose(last[i], length[i], k) if k > 0 and proposers[i] is not None else None
                 drafts.append(d.tokens.to(dev) if d is not None else torch.empty(0, dtype=torch.long, device=dev))
             tb = time.perf_counter()
@@ -137,11 +153,13 @@ class BatchedSpeculativeEngine:
                               position_ids=vpos)
             tc = time.perf_counter()
             committed_slots = torch.zeros(B, width, dtype=torch.bool, device=dev)
+            observed = []
             for i in range(B):
                 if not active[i]:
                     continue
                 k = len(drafts[i])
                 n, bonus = greedy_accept(torch.as_tensor(drafts[i], device=dev), out.logits[i, : k + 1])
+                observed.append((k, n))
                 committed_slots[i, : n + 1] = True
                 if proposers[i] is not None:
                     proposers[i].commit(out.taps[i, : n + 1], vids[i, : n + 1])
@@ -156,6 +174,10 @@ class BatchedSpeculativeEngine:
                 if res.stop_reason == "stop_token" or len(res.output_ids) >= max_new_tokens:
                     active[i] = False
             keys = torch.cat([keys, committed_slots], dim=1)
+            if self.controller is not None:
+                spent = self.controller.overhead_seconds
+                self.controller.observe_batch(observed)
+                batch.controller_seconds += self.controller.overhead_seconds - spent
             td = time.perf_counter()
             batch.draft_seconds.append((tb - ta) + (td - tc))
             batch.verify_seconds.append(tc - tb)

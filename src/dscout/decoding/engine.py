@@ -45,6 +45,9 @@ class GenerationResult:
             when it was computed).
         decode_seconds: wall time of all rounds (seconds).
         stop_reason: ``"stop_token"`` or ``"length"``.
+        block_sizes: with an online controller, the bs it chose per round (else empty).
+        controller_seconds: with an online controller, its wall seconds (decisions + feedback; counted in the
+            rounds' draft seconds too).
     """
 
     output_ids: list[int]
@@ -55,6 +58,8 @@ class GenerationResult:
     prefill_reused: bool = False
     decode_seconds: float = 0.0
     stop_reason: str = "length"
+    block_sizes: list[int] = field(default_factory=list)
+    controller_seconds: float = 0.0
 
     @property
     def new_tokens(self) -> int:
@@ -86,11 +91,15 @@ class SpeculativeEngine:
         target: a :class:`~dscout.models.target.TargetModel`.
         proposer: a proposer, or None for autoregressive decoding.
         stop_token_ids: generation stops after the first of these tokens.
+        controller: optional :class:`~dscout.decoding.controller.BlockSizeController`: before each round it
+            picks bs (up to the ``block_size`` passed to :meth:`generate`) from the acceptance of earlier rounds
+            and the calibrated latency model; chain proposers only.
     """
 
-    def __init__(self, target, proposer=None, stop_token_ids=()):
+    def __init__(self, target, proposer=None, stop_token_ids=(), controller=None):
         self.target = target
         self.proposer = proposer
+        self.controller = controller
         self.stop_token_ids = set(int(t) for t in stop_token_ids)
         self.layer_ids = list(getattr(proposer, "layer_ids", []) or []) if proposer is not None else []
 
@@ -102,7 +111,8 @@ class SpeculativeEngine:
         Args:
             prompt_ids: prompt token ids (list or 1-D tensor).
             max_new_tokens: cap on generated tokens.
-            block_size: bs, tokens verified per round (``x`` + ``bs - 1`` drafts); ignored for AR (1).
+            block_size: bs, tokens verified per round (``x`` + ``bs - 1`` drafts); ignored for AR (1). With a
+                controller: the largest bs it may pick.
             temperature: 0 = greedy; > 0 = lossless sampling.
             seed: seed of this request's sampling RNG.
             prefill_store: optional dict shared by engines of the same target (benchmark repeats and methods):
@@ -155,8 +165,15 @@ class SpeculativeEngine:
         position = n_prompt  # absolute position of x
         while len(res.output_ids) < max_new_tokens:
             remaining = max_new_tokens - len(res.output_ids)
-            k = min(block_size - 1, remaining - 1)
             ta = time.perf_counter()
+            if self.controller is not None and self.proposer is not None:
+                overhead = self.controller.overhead_seconds
+                bs_round = self.controller.choose(1, limit=min(block_size, remaining))
+                res.block_sizes.append(bs_round)
+                res.controller_seconds += self.controller.overhead_seconds - overhead
+            else:
+                bs_round = block_size
+            k = min(bs_round - 1, remaining - 1)
             draft = self.proposer.propose(x, position, k, temperature, gen) if k > 0 else None
             _sync(dev)
             tb = time.perf_counter()
@@ -173,6 +190,10 @@ class SpeculativeEngine:
                 accepted, keep = drafts[:n_acc].tolist(), torch.arange(n_acc + 1, device=dev)
             _sync(dev)
             tc = time.perf_counter()
+            if self.controller is not None and self.proposer is not None:
+                overhead = self.controller.overhead_seconds
+                self.controller.observe(k, len(accepted))
+                res.controller_seconds += self.controller.overhead_seconds - overhead
             if self.proposer is not None:  # drafter-side work: counted as draft time
                 committed = torch.cat([torch.tensor([x], device=dev), torch.tensor(accepted, dtype=torch.long,
                                                                                    device=dev)])

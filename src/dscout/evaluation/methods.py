@@ -73,6 +73,36 @@ def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_
             if cpu_packed_linear:
                 pack_linears(cache[key].drafter)
         did = spec.get("drafter_id", name)
+        controller = online_controller(target, cache[key], spec.get("controller") or {}) \
+            if spec.get("block_size") == "online" else None
         methods.append(Method(method_key(spec, did), spec["kind"], spec["name"],
-                              SpeculativeEngine(target, cache[key], stop_ids), spec.get("block_size"), did))
+                              SpeculativeEngine(target, cache[key], stop_ids, controller=controller),
+                              spec.get("block_size"), did))
     return methods
+
+
+CALIBRATION_BLOCK_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def online_controller(target, proposer, settings: dict, concurrency: int = 1, keep_history: bool = False):
+    """Calibrate the latency model of ``proposer`` on this machine and build the online bs controller.
+
+    Args:
+        proposer: a :class:`~dscout.decoding.proposers.BlockDiffusionProposer`; bs may range up to its drafter's
+            largest training horizon.
+        settings: the config's ``controller`` section (decay, prior_strength, prior, calibration_*).
+        concurrency: the c the verify term is calibrated at (besides 1).
+    Returns:
+        :class:`~dscout.decoding.controller.BlockSizeController` (its ``latency`` is the calibrated model).
+    """
+    from ..decoding.controller import BlockSizeController
+    from ..decoding.latency import calibrate_latency
+
+    horizon = proposer.max_block_size
+    sizes = [b for b in settings.get("calibration_block_sizes", CALIBRATION_BLOCK_SIZES) if b <= horizon] or [horizon]
+    latency = calibrate_latency(target, proposer, sizes, concurrency=sorted({1, concurrency}),
+                                context_tokens=settings.get("calibration_context_tokens", 128),
+                                repeats=settings.get("calibration_repeats", 5))
+    return BlockSizeController(latency, horizon, decay=settings.get("decay", 0.9),
+                               prior_strength=settings.get("prior_strength", 2.0), prior=settings.get("prior", 0.5),
+                               keep_history=keep_history)

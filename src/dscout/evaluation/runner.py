@@ -37,7 +37,7 @@ class Method:
         kind: record ``method`` field: ``ar``, ``dflash``, ``dscout``, ``eagle3``, ``pard2``.
         name: display label, e.g. ``DScout(32)``.
         engine: the :class:`SpeculativeEngine` (with or without proposer).
-        block_size: verify tokens per round (None for AR).
+        block_size: verify tokens per round (None for AR; ``"online"``: the engine's controller picks it).
         drafter: drafter id (None for AR).
     """
 
@@ -45,8 +45,15 @@ class Method:
     kind: str
     name: str
     engine: SpeculativeEngine
-    block_size: int | None = None
+    block_size: int | str | None = None
     drafter: str | None = None
+
+    @property
+    def max_block_size(self) -> int:
+        """The bs passed to the engine: the row's bs, 1 for AR, the drafter's horizon for ``online`` rows."""
+        if self.block_size == "online":
+            return self.engine.proposer.max_block_size
+        return self.block_size or 1
 
 
 def _seed(*parts) -> int:
@@ -104,7 +111,7 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
         ids = chat_prompt_ids(tok, [{"role": "user", "content": "Hello"}], chat.get("system_prompt"),
                               chat.get("enable_thinking"))
         for m in methods:
-            m.engine.generate(ids, 8, block_size=m.block_size or 1, temperature=temperature)
+            m.engine.generate(ids, 8, block_size=m.max_block_size, temperature=temperature)
     ar = next(m for m in methods if m.kind == "ar")
     others = [m for m in methods if m.kind != "ar"]
     bar = tqdm(prompts, desc=f"{benchmark} r{repeat} T={temperature}", unit="prompt", mininterval=5.0)
@@ -117,8 +124,13 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
                 msgs = history[m.key] + [{"role": "user", "content": user_text}]
                 ids = chat_prompt_ids(tok, msgs, chat.get("system_prompt"), chat.get("enable_thinking"))
                 seed = _seed(benchmark, item.prompt_id, turn, repeat)
-                r = m.engine.generate(ids, max_new_tokens, block_size=m.block_size or 1, temperature=temperature,
+                r = m.engine.generate(ids, max_new_tokens, block_size=m.max_block_size, temperature=temperature,
                                       seed=seed, prefill_store=prefill_store)
+                online = {}
+                if r.block_sizes:  # the online controller's decisions, per round
+                    online = {"round_block_sizes": r.block_sizes, "controller_seconds": r.controller_seconds,
+                              "round_seconds": [d + v for d, v in zip(r.draft_seconds, r.verify_seconds)],
+                              "max_block_size": m.max_block_size}
                 text = tok.decode(r.output_ids, skip_special_tokens=True)
                 rec = make_record(
                     benchmark=benchmark, prompt_id=item.prompt_id, turn=turn, method=m.kind, method_name=m.name,
@@ -128,7 +140,7 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
                     stop_reason=r.stop_reason, runtime=runtime, prompt_tokens=len(ids),
                     prefill_seconds=r.prefill_seconds, prefill_reused=r.prefill_reused,
                     draft_seconds=sum(r.draft_seconds), verify_seconds=sum(r.verify_seconds), seed=seed,
-                    first_mismatch=None, top2_logit_gap=None)
+                    first_mismatch=None, top2_logit_gap=None, **online)
                 if m.kind == "ar":
                     ar_out = r.output_ids
                 elif temperature == 0:

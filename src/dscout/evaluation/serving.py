@@ -17,12 +17,15 @@ from ..records import make_record
 
 def serving_records(target, proposer_factories: dict[str, tuple[str, str, object]], prompts: list[list[int]],
                     prompt_ids: list[str], concurrency: int, max_new_tokens: int, block_sizes: dict[str, int],
-                    stop_ids: list[int], repeat: int = 0) -> list[dict]:
+                    stop_ids: list[int], repeat: int = 0, controllers: dict | None = None) -> list[dict]:
     """Decode ``prompts[:concurrency]`` as one batch per method; one record per request.
 
     Args:
         proposer_factories: method key -> ``(kind, drafter id, factory)``; kind ``ar`` has factory None.
-        block_sizes: method key -> bs.
+        block_sizes: method key -> bs (for a key in ``controllers``: the largest bs its controller may pick).
+        controllers: method key -> :class:`~dscout.decoding.controller.BlockSizeController`: that method picks
+            one bs per batch round online; its records say ``block_size: "online"`` and carry the bs chosen per
+            round and the controller's seconds.
     Raises:
         ValueError: if fewer prompts than ``concurrency`` are given.
     """
@@ -31,17 +34,25 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
     batch_prompts = prompts[:concurrency]
     records = []
     for key, (kind, drafter, factory) in proposer_factories.items():
-        engine = BatchedSpeculativeEngine(target, factory, stop_ids)
+        controller = (controllers or {}).get(key)
+        engine = BatchedSpeculativeEngine(target, factory, stop_ids, controller=controller)
         bs = block_sizes.get(key, 1)
         engine.generate([batch_prompts[0][:8]], 2, block_size=bs)  # warm-up
+        if controller is not None:  # the warm-up's round out of the statistics and the overhead
+            controller.tracker.successes = [0.0] * len(controller.tracker.successes)
+            controller.tracker.trials = [0.0] * len(controller.tracker.trials)
+            controller.overhead_seconds, controller.decisions = 0.0, 0
         out = engine.generate(batch_prompts, max_new_tokens, block_size=bs)
+        online = {} if controller is None else {
+            "round_block_sizes": out.block_sizes, "controller_seconds": out.controller_seconds,
+            "round_seconds": [d + v for d, v in zip(out.draft_seconds, out.verify_seconds)], "max_block_size": bs}
         for pid, r in zip(prompt_ids, out.results):
             records.append(make_record(
                 benchmark="serving", prompt_id=pid, method=kind, method_key=key, method_name=key, drafter=drafter,
-                block_size=None if kind == "ar" else bs, temperature=0.0, repeat=repeat, concurrency=concurrency,
+                block_size=None if kind == "ar" else "online" if controller is not None else bs, temperature=0.0, repeat=repeat, concurrency=concurrency,
                 new_tokens=r.new_tokens, decode_seconds=out.decode_seconds, accept_lengths=r.accept_lengths,
                 output_ids=r.output_ids, stop_reason=r.stop_reason, runtime="batched",
-                batch_decode_seconds=out.decode_seconds, batch_throughput=out.throughput))
+                batch_decode_seconds=out.decode_seconds, batch_throughput=out.throughput, **online))
     return records
 
 

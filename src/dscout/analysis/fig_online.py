@@ -1,0 +1,80 @@
+"""Figure "online": the block size the online controller chose over a generation, acceptance beside it, and the
+calibrated latency model against the measured round times (PNG + PDF)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from .aggregate import load_records
+from .plotting import _plt, save
+
+
+def _predicted(latency: dict, bs: int, committed: int) -> float:
+    """Round seconds of :class:`dscout.decoding.latency.LatencyModel` from its JSON (torch-free: plot env)."""
+    f0, f1, l0, l1 = latency["draft"]
+    d = latency["num_layers"]
+    draft = max(f0 + f1 * bs + d * (l0 + l1 * bs), 0.0) if bs > 1 else 0.0
+    commit = max(latency["commit"][0] + latency["commit"][1] * committed, 0.0)
+    v0, v1, v2 = latency["verify"]
+    return draft + commit + max(v0 + v1 + v2 * bs, 1e-9)
+
+
+def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) -> dict:
+    """Left: bs chosen per round and tokens accepted per round over the longest online generation (T = 0).
+    Right: predicted vs measured round time of every online round (one point per round), per benchmark.
+
+    Args:
+        record_paths: Table 3 records (files or folders); the online rows (``block_size == "online"``) are used.
+        latency_paths: the ``latency-<method key>.json`` files the benchmark jobs saved (one per benchmark).
+    Returns:
+        ``{"rounds": n, "median_abs_error": fraction, "mean_bs": ...}`` (also written as ``<prefix>.json``).
+    Raises:
+        ValueError: if the records hold no online rows at temperature 0.
+    """
+    plt = _plt()
+    recs = [r for r in load_records(record_paths) if r.get("block_size") == "online" and r["temperature"] == 0]
+    if not recs:
+        raise ValueError("no temperature-0 records of a `block_size: online` method")
+    latency = {}
+    for p in latency_paths:
+        bench = Path(p).parent.parent.name  # results/bench/<id>/<benchmark>/t0/latency-<key>.json
+        latency[bench] = json.loads(Path(p).read_text())
+    longest = max((r for r in recs if r["repeat"] == 0), key=lambda r: len(r["accept_lengths"]))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.5, 3.6), gridspec_kw={"width_ratios": [1.5, 1]})
+    xs = list(range(1, len(longest["accept_lengths"]) + 1))
+    ax.bar(xs, longest["accept_lengths"], color="tab:green", alpha=0.55, label="tokens committed (accepted + bonus)")
+    ax.step(xs, longest["round_block_sizes"], where="mid", color="tab:blue", label="bs chosen")
+    ax.set_xlabel("draft round")
+    ax.set_ylabel("tokens")
+    ax.set_title(f"{longest['method_name']} on {longest['benchmark']} / {longest['prompt_id']} "
+                 f"(τ {sum(longest['accept_lengths']) / len(xs):.2f})", fontsize=9)
+    ax.legend(fontsize=8)
+    errors, mean_bs = [], []
+    for bench in sorted({r["benchmark"] for r in recs}):
+        if bench not in latency:
+            continue
+        pred, meas = [], []
+        for r in (r for r in recs if r["benchmark"] == bench):
+            for bs, n, secs in zip(r["round_block_sizes"], r["accept_lengths"], r.get("round_seconds") or []):
+                pred.append(1e3 * _predicted(latency[bench], bs, n))
+                meas.append(1e3 * secs)
+            mean_bs += r["round_block_sizes"]
+        errors += [abs(p - m) / m for p, m in zip(pred, meas) if m > 0]
+        bx.scatter(pred, meas, s=6, alpha=0.5, label=bench)
+    lim = bx.get_xlim()[1] if errors else 1.0
+    bx.plot([0, lim], [0, lim], color="grey", lw=0.8)
+    med = statistics.median(errors) if errors else None
+    bx.set_xlabel("latency model T(bs, c=1) (ms)")
+    bx.set_ylabel("measured round time (ms)")
+    bx.set_title("calibrated model vs measured rounds" + (f": median |error| {100 * med:.0f}%" if med else ""),
+                 fontsize=9)
+    bx.legend(fontsize=7, markerscale=2)
+    fig.suptitle(f"Online block-size controller, {stage.get('target', 'target')}, temperature 0", fontsize=10)
+    save(fig, out_prefix)
+    plt.close(fig)
+    summary = {"rounds": len(mean_bs), "median_abs_error": med,
+               "mean_bs": sum(mean_bs) / max(len(mean_bs), 1)}
+    Path(out_prefix).with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

@@ -1,0 +1,149 @@
+"""An online block-size controller for a mixed-horizon drafter (docs/method.md §5, "beyond the paper").
+
+A mixed-horizon checkpoint drafts well at any bs up to its largest training horizon, so bs can change from one
+round to the next. Before each round the controller picks
+
+    bs* = argmax_bs  E[L(bs)] / T(bs, c),     E[L(bs)] = 1 + sum_{k=1}^{bs-1} S(k),
+
+where ``S(k) = a_1 ... a_k`` is the survival product of the per-position conditional acceptance rates
+``a_j = P(draft j accepted | drafts 1..j-1 accepted)`` (so ``E[L]`` is the expected number of tokens a round
+commits: accepted drafts + the bonus) and ``T`` is the calibrated round time of
+:class:`~dscout.decoding.latency.LatencyModel`.
+
+Acceptance statistics (:class:`AcceptanceTracker`): a round that drafted ``k`` tokens and accepted ``n``
+observes positions ``1..min(n + 1, k)``: successes at ``1..n``, a failure at ``n + 1`` when ``n < k``;
+later positions are censored. Counts decay by ``decay`` per round (recent rounds count most), and each
+position's rate is shrunk towards the rate of the position before it (``prior_strength`` pseudo-rounds), so a
+position that recent rounds did not reach inherits its neighbour's rate: the controller keeps trying longer
+blocks when acceptance is high and shrinks them when it drops.
+
+Losslessness does not depend on the controller: it only chooses how many drafts the next round verifies from
+what earlier rounds committed, and every round is verified exactly (greedy = AR; sampling keeps the target
+distribution).
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class AcceptanceTracker:
+    """Decayed per-position acceptance counts with hierarchical shrinkage.
+
+    Args:
+        max_drafts: largest number of drafts per round (horizon - 1).
+        decay: per-round multiplier of the old counts, in (0, 1].
+        prior_strength: pseudo-rounds pulling ``a_j`` towards ``a_{j-1}`` (``a_1`` towards ``prior``).
+        prior: acceptance rate assumed before any observation at position 1.
+    Raises:
+        ValueError: for ``max_drafts < 1`` or ``decay`` outside (0, 1].
+    """
+
+    def __init__(self, max_drafts: int, decay: float = 0.9, prior_strength: float = 2.0, prior: float = 0.5):
+        if max_drafts < 1:
+            raise ValueError("max_drafts must be >= 1")
+        if not 0 < decay <= 1:
+            raise ValueError("decay must be in (0, 1]")
+        self.max_drafts, self.decay, self.prior_strength, self.prior = max_drafts, decay, prior_strength, prior
+        self.successes = [0.0] * max_drafts
+        self.trials = [0.0] * max_drafts
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """Record one round: ``drafted`` drafts verified, the first ``accepted`` of them accepted."""
+        self.update_batch([(drafted, accepted)])
+
+    def update_batch(self, rounds: list[tuple[int, int]]) -> None:
+        """Record one batch round: ``(drafted, accepted)`` per request; the old counts decay once."""
+        for j in range(self.max_drafts):
+            self.successes[j] *= self.decay
+            self.trials[j] *= self.decay
+        for drafted, accepted in rounds:
+            for j in range(min(accepted + 1, drafted, self.max_drafts)):
+                self.trials[j] += 1.0
+                if j < accepted:
+                    self.successes[j] += 1.0
+
+    def rates(self) -> list[float]:
+        """``[a_1, ..., a_K]``, conditional acceptance per draft position."""
+        out, prev = [], self.prior
+        for s, n in zip(self.successes, self.trials):
+            prev = (s + self.prior_strength * prev) / (n + self.prior_strength)
+            out.append(prev)
+        return out
+
+    def survival(self) -> list[float]:
+        """``[S(1), ..., S(K)]`` with ``S(k) = a_1 ... a_k``: the probability that a round accepts >= k drafts."""
+        out, s = [], 1.0
+        for a in self.rates():
+            s *= a
+            out.append(s)
+        return out
+
+
+class BlockSizeController:
+    """Picks bs before each round to maximise expected committed tokens per second.
+
+    Args:
+        latency: a :class:`~dscout.decoding.latency.LatencyModel` of this target/drafter on this machine.
+        max_block_size: the drafter's largest training horizon (upper bound of bs).
+        candidates: bs values to consider (default every bs from 1 to ``max_block_size``; 1 = no drafts).
+        decay, prior_strength, prior: see :class:`AcceptanceTracker`.
+    Attributes:
+        history: per decided round ``(bs, survival S(1..bs-1) at decision time)``, when ``keep_history``.
+        overhead_seconds: wall seconds spent in :meth:`choose` (the controller's cost per run).
+    """
+
+    def __init__(self, latency, max_block_size: int, candidates: list[int] | None = None, decay: float = 0.9,
+                 prior_strength: float = 2.0, prior: float = 0.5, keep_history: bool = False):
+        if max_block_size < 1:
+            raise ValueError("max_block_size must be >= 1")
+        self.latency = latency
+        self.max_block_size = max_block_size
+        self.candidates = sorted({b for b in (candidates or range(1, max_block_size + 1)) if 1 <= b <= max_block_size})
+        self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior)
+        self.keep_history = keep_history
+        self.history: list[tuple[int, list[float]]] = []
+        self.overhead_seconds = 0.0
+        self.decisions = 0
+
+    def expected_committed(self, bs: int, survival: list[float] | None = None) -> float:
+        """``E[L(bs)] = 1 + sum_{k<bs} S(k)``: expected tokens one request commits in a round of ``bs``."""
+        s = self.tracker.survival() if survival is None else survival
+        return 1.0 + sum(s[: bs - 1])
+
+    def choose(self, concurrency: int = 1, limit: int | None = None) -> int:
+        """The bs of the next round for ``concurrency`` active requests.
+
+        Args:
+            limit: largest useful bs (e.g. tokens left to generate); default ``max_block_size``.
+        Returns:
+            bs in ``candidates`` (at most ``limit``; the smallest candidate if none fits).
+        """
+        t0 = time.perf_counter()
+        s = self.tracker.survival()
+        hi = self.max_block_size if limit is None else min(limit, self.max_block_size)
+        pool = [b for b in self.candidates if b <= hi] or self.candidates[:1]
+        best, best_rate = pool[0], -1.0
+        for bs in pool:
+            e = 1.0 + sum(s[: bs - 1])
+            rate = e / self.latency.round_seconds(bs, concurrency, committed=e)
+            if rate > best_rate:
+                best, best_rate = bs, rate
+        if self.keep_history:
+            self.history.append((best, s[: max(best - 1, 0)]))
+        self.decisions += 1
+        self.overhead_seconds += time.perf_counter() - t0
+        return best
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Feed back one request's round: ``drafted`` drafts, ``accepted`` of them accepted."""
+        self.observe_batch([(drafted, accepted)])
+
+    def observe_batch(self, rounds: list[tuple[int, int]]) -> None:
+        """Feed back one batch round: ``(drafted, accepted)`` per active request (decay once per round)."""
+        t0 = time.perf_counter()
+        self.tracker.update_batch(rounds)
+        self.overhead_seconds += time.perf_counter() - t0
+
+
+__all__ = ["AcceptanceTracker", "BlockSizeController"]

@@ -1,0 +1,211 @@
+"""A latency model of one draft round, T(t, d, bs, c), calibrated on the machine that decodes.
+
+A round of block-diffusion speculative decoding (docs/method.md §4, §5) costs, in seconds,
+
+    T(bs, c) = c * [T_draft(bs) + T_commit(L)] + T_verify(bs, c)
+
+* ``T_draft(bs) = T_fix(bs) + d * T_layer(bs)``: one drafter forward over a block of ``bs`` tokens with ``d``
+  layers; ``T_fix`` (embedding, fusion, head over ``bs - 1`` positions) and ``T_layer`` are each linear in bs.
+  The paper's ``T_d = T_fix + d * T_layer`` (docs/method.md §5) is the slice at fixed bs. The draft of the
+  ``c`` requests of a batch runs request after request in this project's engines, hence the factor ``c``.
+* ``T_commit(L) = m_0 + m_1 * L``: writing the ``L`` committed tokens' fused taps (t taps each, so ``t`` enters
+  here and in ``T_fix``) into the drafter's context cache, plus the round's bookkeeping.
+* ``T_verify(bs, c) = v_0 + v_1 * c + v_2 * c * bs``: one target forward over ``c`` rows of ``bs`` tokens.
+
+:func:`calibrate_latency` measures every term on the real target and drafter (synthetic context of
+``context_tokens`` tokens, median of ``repeats`` timings per point; drafter-layer slices ``1..d`` for the
+``d`` term) and fits the coefficients by least squares; :class:`LatencyModel` keeps the measured points, so a
+run saves its calibration (``to_json``) and a report shows the fit against measured round times. The online
+block-size controller (:mod:`dscout.decoding.controller`) maximises expected tokens per second with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+
+def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Least squares, minimum norm (collinear columns, e.g. a single d, still predict inside the data)."""
+    a = torch.tensor(rows, dtype=torch.float64)
+    b = torch.tensor(ys, dtype=torch.float64).view(-1, 1)
+    return torch.linalg.lstsq(a, b, driver="gelsd").solution.view(-1).tolist()
+
+
+@dataclass
+class LatencyModel:
+    """Seconds per draft round of one (target, drafter) pair on one machine.
+
+    Attributes:
+        num_taps: conditioning depth t of the drafter; num_layers: drafter depth d.
+        draft: ``[f_0, f_1, l_0, l_1]``: ``T_draft(bs) = f_0 + f_1 bs + d (l_0 + l_1 bs)`` seconds.
+        commit: ``[m_0, m_1]``: ``T_commit(L) = m_0 + m_1 L`` seconds per request.
+        verify: ``[v_0, v_1, v_2]``: ``T_verify(bs, c) = v_0 + v_1 c + v_2 c bs`` seconds.
+        samples: the calibration measurements (``part`` draft/commit/verify, ``bs``, ``c``, ``layers``,
+            ``tokens``, ``seconds``).
+        calibration_seconds: wall time the calibration took.
+    """
+
+    num_taps: int
+    num_layers: int
+    draft: list[float]
+    commit: list[float]
+    verify: list[float]
+    samples: list[dict] = field(default_factory=list)
+    calibration_seconds: float = 0.0
+
+    def draft_seconds(self, bs: int, layers: int | None = None) -> float:
+        """One drafter forward over a block of ``bs`` tokens with ``layers`` (default d) layers, seconds."""
+        if bs <= 1:
+            return 0.0
+        d = self.num_layers if layers is None else layers
+        f0, f1, l0, l1 = self.draft
+        return max(f0 + f1 * bs + d * (l0 + l1 * bs), 0.0)
+
+    def commit_seconds(self, tokens: float) -> float:
+        """Writing ``tokens`` committed tokens into the drafter's context, seconds per request."""
+        return max(self.commit[0] + self.commit[1] * tokens, 0.0)
+
+    def verify_seconds(self, bs: int, concurrency: int = 1) -> float:
+        """One target forward over ``concurrency`` rows of ``bs`` tokens, seconds."""
+        v0, v1, v2 = self.verify
+        return max(v0 + v1 * concurrency + v2 * concurrency * bs, 1e-9)
+
+    def round_seconds(self, bs: int, concurrency: int = 1, committed: float | None = None) -> float:
+        """T(bs, c): a whole round (draft + commit of every request, one verify), seconds.
+
+        Args:
+            committed: expected tokens committed per request this round (default: bs, an upper bound).
+        """
+        L = bs if committed is None else committed
+        return (concurrency * (self.draft_seconds(bs) + self.commit_seconds(L))
+                + self.verify_seconds(bs, concurrency))
+
+    @classmethod
+    def fit(cls, samples: list[dict], num_taps: int, num_layers: int, calibration_seconds: float = 0.0
+            ) -> "LatencyModel":
+        """Least-squares fit of the three terms from calibration samples.
+
+        Raises:
+            ValueError: if a term has no samples.
+        """
+        parts = {p: [s for s in samples if s["part"] == p] for p in ("draft", "commit", "verify")}
+        for p, ss in parts.items():
+            if not ss:
+                raise ValueError(f"latency calibration has no '{p}' samples")
+        draft = _lstsq([[1.0, s["bs"], s["layers"], s["layers"] * s["bs"]] for s in parts["draft"]],
+                       [s["seconds"] for s in parts["draft"]])
+        commit = _lstsq([[1.0, s["tokens"]] for s in parts["commit"]], [s["seconds"] for s in parts["commit"]])
+        verify = _lstsq([[1.0, s["c"], s["c"] * s["bs"]] for s in parts["verify"]],
+                        [s["seconds"] for s in parts["verify"]])
+        return cls(num_taps, num_layers, draft, commit, verify, list(samples), calibration_seconds)
+
+    def to_json(self, path: str | Path) -> None:
+        """Write the model and its calibration samples (saved with the run)."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "LatencyModel":
+        """Read a model written by :meth:`to_json`."""
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: first-call allocations out of the timing
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def calibrate_latency(target, proposer, block_sizes: list[int], concurrency: list[int] = (1,),
+                      context_tokens: int = 128, repeats: int = 5, seed: int = 0) -> LatencyModel:
+    """Measure draft, commit and verify costs on this machine and fit :class:`LatencyModel`.
+
+    Args:
+        target: :class:`~dscout.models.target.TargetModel`.
+        proposer: a :class:`~dscout.decoding.proposers.BlockDiffusionProposer` (its drafter is timed with
+            ``1..d`` of its layers for the d term, restored afterwards).
+        block_sizes: bs values to time (each ``>= 2`` and ``<=`` the drafter's horizon for the draft term).
+        concurrency: c values for the verify term (rows of one target forward).
+        context_tokens: length of the synthetic context (random token ids) the round attends to.
+        repeats: timings per point (median).
+    Returns:
+        The fitted model, with its samples and the calibration's wall seconds.
+    Raises:
+        ValueError: for an empty ``block_sizes``.
+    """
+    if not block_sizes:
+        raise ValueError("calibrate_latency needs at least one block size")
+    t_start = time.perf_counter()
+    dev = target.device
+    g = torch.Generator().manual_seed(seed)
+    vocab = min(int(target.vocab_size), 32000)
+    samples = []
+    drafter = proposer.drafter
+    d = len(drafter.layers)
+    layer_ids = list(proposer.layer_ids)
+
+    # prefill one context of c rows, the largest c; smaller c use its first rows
+    cmax = max(concurrency)
+    ids = torch.randint(1, vocab, (cmax, context_tokens), generator=g).to(dev)
+    cache = target.new_cache()
+    out = target(ids, layer_ids=layer_ids, past_key_values=cache)
+    taps = out.taps[0]
+    base = [copy.deepcopy(cache)]
+
+    max_bs = min(max(block_sizes), proposer.max_block_size)
+    for bs in sorted(set(block_sizes)):
+        for c in sorted(set(concurrency)):
+            sub = copy.deepcopy(base[0])
+            if c < cmax:
+                for layer in sub.layers:
+                    layer.keys, layer.values = layer.keys[:c], layer.values[:c]
+            block = torch.randint(1, vocab, (c, bs), generator=g).to(dev)
+
+            def verify(sub=sub, block=block, bs=bs):
+                target(block, layer_ids=layer_ids, past_key_values=sub)
+                sub.crop(-bs)
+
+            samples.append({"part": "verify", "bs": bs, "c": c, "layers": None, "tokens": c * bs,
+                            "seconds": _median_seconds(verify, repeats)})
+    layers = drafter.layers
+    try:
+        for j in range(1, d + 1):
+            drafter.layers = torch.nn.ModuleList(list(layers)[:j])
+            proposer.start(taps[:context_tokens])
+            for bs in sorted(b for b in set(block_sizes) if 2 <= b <= max_bs):
+                def draft(bs=bs):
+                    proposer.propose(int(ids[0, -1]), context_tokens, bs - 1)
+
+                samples.append({"part": "draft", "bs": bs, "c": 1, "layers": j, "tokens": bs,
+                                "seconds": _median_seconds(draft, repeats)})
+    finally:
+        drafter.layers = layers
+    for m in sorted({1, max(1, max_bs // 2), max_bs}):
+        m = min(m, context_tokens)
+
+        def commit(m=m):
+            proposer.start(taps[: context_tokens - m])
+            t0 = time.perf_counter()
+            proposer.commit(taps[context_tokens - m: context_tokens])
+            return time.perf_counter() - t0
+
+        commit()
+        secs = statistics.median(commit() for _ in range(repeats))
+        samples.append({"part": "commit", "bs": None, "c": 1, "layers": d, "tokens": m, "seconds": secs})
+    num_taps = len(layer_ids)
+    return LatencyModel.fit(samples, num_taps, d, time.perf_counter() - t_start)
+
+
+__all__ = ["LatencyModel", "calibrate_latency"]

@@ -1,0 +1,180 @@
+"""The online block-size controller and its latency model: decisions, losslessness, calibration."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from dscout.decoding.batched import BatchedSpeculativeEngine
+from dscout.decoding.controller import AcceptanceTracker, BlockSizeController
+from dscout.decoding.engine import SpeculativeEngine
+from dscout.decoding.latency import LatencyModel, calibrate_latency
+from dscout.decoding.proposers import BlockDiffusionProposer
+
+from .conftest import tiny_drafter, tiny_target
+from .test_engine import P_MIN, OracleProposer, _exact_joint
+
+
+def cpu_like_latency(d=2):
+    """Verify 60 ms + 2.5 ms per token and row, draft 4 ms + 0.3 ms per block token and layer: the CPU default's
+    shape (verify dominates, a long block costs little more than a short one)."""
+    return LatencyModel(num_taps=5, num_layers=d, draft=[0.002, 0.0001, 0.001, 0.0001], commit=[0.0005, 0.0002],
+                        verify=[0.055, 0.005, 0.0025])
+
+
+def test_tracker_counts_accepted_failed_and_censored_positions():
+    t = AcceptanceTracker(max_drafts=7, decay=1.0, prior_strength=1e-9)
+    t.update(drafted=7, accepted=2)  # positions 1, 2 accepted, 3 rejected, 4..7 not reached
+    assert t.trials == [1, 1, 1, 0, 0, 0, 0]
+    assert t.successes == [1, 1, 0, 0, 0, 0, 0]
+    t.update(drafted=3, accepted=3)  # every draft accepted: no failure observed
+    assert t.trials[:4] == [2, 2, 2, 0] and t.successes[:4] == [2, 2, 1, 0]
+    a = t.rates()
+    assert a[0] == pytest.approx(1.0) and a[2] == pytest.approx(0.5)
+    assert a[3] == pytest.approx(a[2])  # unobserved positions inherit the rate of the one before
+    s = t.survival()
+    assert s[2] == pytest.approx(0.5) and all(x >= y for x, y in zip(s, s[1:]))
+
+
+def test_tracker_decays_old_rounds():
+    t = AcceptanceTracker(max_drafts=3, decay=0.5, prior_strength=1e-9)
+    for _ in range(10):
+        t.update(3, 3)
+    for _ in range(3):
+        t.update(3, 0)
+    assert t.rates()[0] < 0.2  # three recent rejections outweigh ten older accepts at decay 0.5
+
+
+def test_choice_maximises_expected_tokens_per_second():
+    lat = cpu_like_latency()
+    ctl = BlockSizeController(lat, max_block_size=32, prior_strength=1e-9)
+    for drafted, accepted in [(15, 5), (15, 2), (15, 9), (15, 0), (15, 4)]:
+        ctl.observe(drafted, accepted)
+    for c in (1, 8, 32):
+        s = ctl.tracker.survival()
+        brute = max(range(1, 33), key=lambda b: (1 + sum(s[:b - 1])) / lat.round_seconds(b, c, 1 + sum(s[:b - 1])))
+        assert ctl.choose(c) == brute
+    assert ctl.choose(1, limit=3) <= 3
+
+
+def test_high_acceptance_grows_the_block_and_low_acceptance_shrinks_it():
+    lat = cpu_like_latency()
+    good = BlockSizeController(lat, 32)
+    bad = BlockSizeController(lat, 32)
+    for _ in range(20):
+        good.observe(good.choose() - 1, 31)
+        b = bad.choose()
+        bad.observe(b - 1, 0)
+    assert good.choose() >= 16
+    assert bad.choose() <= 2
+    # at high concurrency verify grows with c*bs: the same acceptance asks for shorter blocks
+    mid = BlockSizeController(lat, 32, prior_strength=1e-9)
+    for _ in range(20):
+        mid.observe(15, 3)
+    assert mid.choose(32) <= mid.choose(1)
+
+
+@pytest.mark.parametrize("flip", [0.0, 0.2, 0.7])
+def test_greedy_output_equals_ar_with_the_controller(flip, target):
+    ar = SpeculativeEngine(target)
+    g = torch.Generator().manual_seed(11)
+    chosen = []
+    for i in range(5):
+        prompt = torch.randint(1, 63, (9,), generator=g).tolist()
+        a = ar.generate(prompt, 60)
+        ctl = BlockSizeController(cpu_like_latency(), 32)
+        spec = SpeculativeEngine(target, OracleProposer(prompt + a.output_ids, 64, flip, seed=i), controller=ctl)
+        s = spec.generate(prompt, 60, block_size=32)
+        assert s.output_ids == a.output_ids
+        assert len(s.block_sizes) == len(s.accept_lengths)
+        assert all(1 <= n <= b for n, b in zip(s.accept_lengths, s.block_sizes))
+        chosen += s.block_sizes
+    if flip == 0.0:
+        assert max(chosen) >= 16  # perfect drafts: the controller grows the block
+    if flip == 0.7:
+        assert sorted(chosen)[len(chosen) // 2] <= 3  # mostly rejected: it keeps the block short
+
+
+def test_greedy_output_equals_ar_with_the_controller_and_a_block_diffusion_drafter(target):
+    d = tiny_drafter(target, layers=2, block_size=16)
+    ar = SpeculativeEngine(target, stop_token_ids=[0])
+    sd = SpeculativeEngine(target, BlockDiffusionProposer(d), stop_token_ids=[0],
+                           controller=BlockSizeController(cpu_like_latency(), 16, prior=0.9))
+    g = torch.Generator().manual_seed(5)
+    for _ in range(6):
+        prompt = torch.randint(1, 63, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
+        assert sd.generate(prompt, 40, block_size=16).output_ids == ar.generate(prompt, 40).output_ids
+
+
+def test_sampling_with_the_controller_preserves_the_target_distribution():
+    """Temperature 1, the controller choosing bs each round: the first four tokens follow the target (chi-square)."""
+    t = tiny_target(vocab=8, layers=2, init=0.3, seed=3)
+    d = tiny_drafter(t, layers=1, block_size=8, mask_token_id=7)
+    prompt = [1, 2, 3]
+    exact = _exact_joint(t, prompt, 4, 1.0)
+    eng = SpeculativeEngine(t, BlockDiffusionProposer(d), controller=BlockSizeController(cpu_like_latency(1), 8,
+                                                                                         prior=0.7))
+    N = 2000
+    outs, sizes = [], set()
+    for s in range(N):
+        r = eng.generate(prompt, 4, block_size=8, temperature=1.0, seed=s)
+        outs.append(r.output_ids)
+        sizes.update(r.block_sizes)
+    outs = torch.tensor(outs)
+    assert len(sizes) > 1  # the controller did change bs between rounds
+    for pos in range(4):
+        dims = tuple(i for i in range(4) if i != pos)
+        counts = torch.bincount(outs[:, pos], minlength=8).double().numpy()
+        assert chisquare(counts, exact.sum(dims).numpy() * N).pvalue > P_MIN, pos
+
+
+def test_batched_engine_with_the_controller_keeps_every_request_exact(target):
+    from .test_batched import Replay, _prompts
+
+    prompts = _prompts(6, 3)
+    ar = SpeculativeEngine(target, stop_token_ids=[0])
+    refs = {tuple(p): p + ar.generate(p, 30).output_ids for p in prompts}
+    Replay.refs = refs
+    ctl = BlockSizeController(cpu_like_latency(), 16)
+    batched = BatchedSpeculativeEngine(target, Replay, stop_token_ids=[0], controller=ctl)
+    out = batched.generate(prompts, 30, block_size=16)
+    for p, r in zip(prompts, out.results):
+        assert r.output_ids == refs[tuple(p)][len(p):]
+    assert len(out.block_sizes) == len(out.verify_seconds) and max(out.block_sizes) <= 16
+    assert len(set(out.block_sizes)) > 1 and out.controller_seconds > 0
+
+
+def test_calibration_fits_every_term_and_round_trips(tmp_path, target):
+    d = tiny_drafter(target, layers=2, block_size=16)
+    lat = calibrate_latency(target, BlockDiffusionProposer(d), [2, 4, 8, 16], concurrency=[1, 4],
+                            context_tokens=24, repeats=2)
+    parts = {s["part"] for s in lat.samples}
+    assert parts == {"draft", "commit", "verify"}
+    assert {s["layers"] for s in lat.samples if s["part"] == "draft"} == {1, 2}  # the d slices
+    assert {(s["bs"], s["c"]) for s in lat.samples if s["part"] == "verify"} == {(b, c) for b in (2, 4, 8, 16)
+                                                                                   for c in (1, 4)}
+    assert lat.num_layers == 2 and lat.num_taps == len(d.config.target_layer_ids)
+    assert lat.round_seconds(8, 4) > 0 and lat.draft_seconds(1) == 0.0
+    lat.to_json(tmp_path / "latency.json")
+    back = LatencyModel.from_json(tmp_path / "latency.json")
+    assert back.round_seconds(8, 4) == pytest.approx(lat.round_seconds(8, 4))
+    assert len(back.samples) == len(lat.samples)
+
+
+def test_fit_recovers_a_known_latency_model():
+    true = cpu_like_latency(d=3)
+    samples = []
+    for bs in (2, 4, 8, 16, 32):
+        for j in (1, 2, 3):
+            samples.append({"part": "draft", "bs": bs, "c": 1, "layers": j, "tokens": bs,
+                            "seconds": true.draft_seconds(bs, j)})
+        for c in (1, 8, 32):
+            samples.append({"part": "verify", "bs": bs, "c": c, "layers": None, "tokens": c * bs,
+                            "seconds": true.verify_seconds(bs, c)})
+    samples += [{"part": "commit", "bs": None, "c": 1, "layers": 3, "tokens": m, "seconds": true.commit_seconds(m)}
+                for m in (1, 16, 32)]
+    fit = LatencyModel.fit(samples, 5, 3)
+    for bs in (3, 12, 24):
+        for c in (1, 16):
+            assert fit.round_seconds(bs, c, 4.0) == pytest.approx(true.round_seconds(bs, c, 4.0), rel=1e-6)
+    with pytest.raises(ValueError, match="verify"):
+        LatencyModel.fit([s for s in samples if s["part"] != "verify"], 5, 3)
