@@ -198,7 +198,8 @@ def test_smoke_dag_scores_accuracy_with_lm_eval_metrics(smoke_run):
 
 
 @pytest.mark.slow
-def test_lm_eval_decodes_a_task_through_the_speculative_engine(smoke_run, tmp_path):
+@pytest.mark.parametrize("block_size", ["4", "online"])
+def test_lm_eval_decodes_a_task_through_the_speculative_engine(block_size, smoke_run, tmp_path):
     """`dscout-lm-eval --model dscout`: lm-eval's gsm8k (read from the mirror) decoded by our engine, with τ and
     the paired speedup over AR beside the task's metric; greedy outputs equal AR's."""
     work, _ = smoke_run
@@ -206,14 +207,14 @@ def test_lm_eval_decodes_a_task_through_the_speculative_engine(smoke_run, tmp_pa
     drafter = next(d for d in (work / "results/drafters").glob("dscout-*") if (d / "model.safetensors").exists())
     data = os.environ.get("DSCOUT_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
     r = subprocess.run([sys.executable, "-m", "dscout.lmeval_model", "--mirror", data, "--model", "dscout",
-                        "--model_args", f"target={target},drafter={drafter},block_size=4,threads=1",
+                        "--model_args", f"target={target},drafter={drafter},block_size={block_size},threads=1",
                         "--tasks", "gsm8k_mirror", "--limit", "2", "--num_fewshot", "0",
                         "--gen_kwargs", "max_gen_toks=8", "--output_path", str(tmp_path / "out")],
                        capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "exact_match" in r.stdout and "dscout speed" in r.stdout
     speed = json.loads((tmp_path / "out" / "dscout_speed.json").read_text())["gsm8k_mirror"]
-    assert speed["method"] == "DScout(4)" and speed["requests"] == 2 and speed["greedy_compared"] == 2
+    assert speed["method"] == f"DScout({block_size})" and speed["requests"] == 2 and speed["greedy_compared"] == 2
     assert speed["greedy_mismatches"] == 0 and speed["tau"] >= 1 and speed["speedup"] > 0
     results = next((tmp_path / "out").rglob("results_*.json"))
     assert "exact_match,flexible-extract" in json.loads(results.read_text())["results"]["gsm8k_mirror"]

@@ -69,7 +69,8 @@ class DScoutLM(LM):
             folder / hub id.
         drafter: a drafter folder (``results/drafters/<id>``); omitted = AR only.
         kind: method kind (default: read from the drafter folder).
-        block_size: bs, tokens verified per draft round (default 16).
+        block_size: bs, tokens verified per draft round (default 16); ``online`` = the online block-size controller
+            (DFlash/DScout drafters; docs/online_controller.md) picks bs every round.
         topk, depth: EAGLE-3 tree shape (defaults 4 and 4).
         compare_ar: also decode each request with AR for the paired speedup (default true).
         max_gen_toks: token budget when a task gives none (default 256).
@@ -83,7 +84,7 @@ class DScoutLM(LM):
 
     instances: list["DScoutLM"] = []
 
-    def __init__(self, target: str, drafter: str | None = None, kind: str | None = None, block_size: int = 16,
+    def __init__(self, target: str, drafter: str | None = None, kind: str | None = None, block_size: int | str = 16,
                  topk: int = 4, depth: int = 4, compare_ar=True, max_gen_toks: int = 256, dtype: str = "float32",
                  device: str = "auto", stop_tokens: str | None = None, threads: int | None = None,
                  stats_path: str | None = None, system_prompt: str | None = None, seed: int = 0, **_ignored):
@@ -110,11 +111,12 @@ class DScoutLM(LM):
         specs = []
         if drafter:
             kind = kind or drafter_method_kind(drafter)
-            specs = [{"name": f"{KIND_LABELS.get(kind, kind)}({block_size})", "kind": kind, "drafter": "drafter", "block_size": int(block_size),
-                      "topk": int(topk), "depth": int(depth)}]
+            bs = "online" if str(block_size) == "online" else int(block_size)
+            specs = [{"name": f"{KIND_LABELS.get(kind, kind)}({bs})", "kind": kind, "drafter": "drafter",
+                      "block_size": bs, "topk": int(topk), "depth": int(depth)}]
         methods = build_methods(self.target, specs, {"drafter": drafter} if drafter else {}, sorted(stops))
         self.ar, self.method = methods[0], (methods[1] if drafter else methods[0])
-        self.block_size = int(block_size) if drafter else 1
+        self.block_size = self.method.max_block_size if drafter else 1  # online: the controller's upper bound
         self.compare_ar = _bool(compare_ar) and drafter is not None
         self.max_gen_toks = int(max_gen_toks)
         self.stats_path = stats_path
@@ -190,7 +192,7 @@ class DScoutLM(LM):
         """Per task: the sums above plus ``tau``, ``tpot_ms``, ``ar_tpot_ms`` and ``speedup`` (None where absent)."""
         table = {}
         for task, s in self.stats.items():
-            row = dict(s, method=self.method.name, block_size=self.block_size)
+            row = dict(s, method=self.method.name, block_size=self.method.block_size or 1)
             row["tau"] = s["accepted_tokens"] / s["rounds"] if s["rounds"] else None
             row["tpot_ms"] = 1000 * s["decode_seconds"] / max(s["new_tokens"] - s["requests"], 1)
             row["ar_tpot_ms"] = (1000 * s["ar_decode_seconds"] / max(s["ar_new_tokens"] - s["requests"], 1)
