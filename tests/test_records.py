@@ -47,3 +47,12 @@ def test_every_record_carries_the_common_fields():
     assert rec["turn"] == 0 and rec["concurrency"] == 1 and rec["method_key"] == "ar" and rec["matches_ar"] is False
     with pytest.raises(ValueError, match="needs decode_seconds, accept_lengths"):
         make_record(benchmark="gsm8k", prompt_id="p", method="ar", new_tokens=3, output_ids=[1])
+
+
+def test_online_controller_fields_only_with_rounds_chosen():
+    from dscout.records import controller_fields
+
+    assert controller_fields([], 0.0, [], [], 32) == {}
+    f = controller_fields([2, 4], 1e-4, [0.01, 0.02], [0.06, 0.07], 32)
+    assert f["round_block_sizes"] == [2, 4] and f["max_block_size"] == 32
+    assert f["round_seconds"] == pytest.approx([0.07, 0.09]) and f["controller_seconds"] == 1e-4

@@ -35,4 +35,19 @@ def make_record(**fields) -> dict:
     return rec
 
 
-__all__ = ["FIELDS", "REQUIRED", "make_record"]
+def controller_fields(block_sizes: list[int], controller_seconds: float, draft_seconds: list[float],
+                      verify_seconds: list[float], max_block_size: int) -> dict:
+    """The extras of a record decoded with the online block-size controller (docs/online_controller.md).
+
+    Returns:
+        ``round_block_sizes`` (bs chosen per round), ``controller_seconds`` (its decisions and feedback),
+        ``round_seconds`` (draft + verify per round: what Figure "online" compares with the latency model) and
+        ``max_block_size`` (the bound it chose under); empty without a controller (no rounds chosen).
+    """
+    if not block_sizes:
+        return {}
+    return {"round_block_sizes": block_sizes, "controller_seconds": controller_seconds,
+            "round_seconds": [d + v for d, v in zip(draft_seconds, verify_seconds)], "max_block_size": max_block_size}
+
+
+__all__ = ["FIELDS", "REQUIRED", "controller_fields", "make_record"]

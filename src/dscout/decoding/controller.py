@@ -106,6 +106,13 @@ class BlockSizeController:
         self.overhead_seconds = 0.0
         self.decisions = 0
 
+    def reset(self) -> None:
+        """Forget every observation and the overhead so far (e.g. after an untimed warm-up)."""
+        self.tracker.successes = [0.0] * self.tracker.max_drafts
+        self.tracker.trials = [0.0] * self.tracker.max_drafts
+        self.history.clear()
+        self.overhead_seconds, self.decisions = 0.0, 0
+
     def expected_committed(self, bs: int, survival: list[float] | None = None) -> float:
         """``E[L(bs)] = 1 + sum_{k<bs} S(k)``: expected tokens one request commits in a round of ``bs``."""
         s = self.tracker.survival() if survival is None else survival
@@ -123,9 +130,12 @@ class BlockSizeController:
         s = self.tracker.survival()
         hi = self.max_block_size if limit is None else min(limit, self.max_block_size)
         pool = [b for b in self.candidates if b <= hi] or self.candidates[:1]
+        expected = [1.0]  # expected[bs - 1] = E[L(bs)], one pass over the survival products
+        for x in s[: pool[-1] - 1]:
+            expected.append(expected[-1] + x)
         best, best_rate = pool[0], -1.0
         for bs in pool:
-            e = 1.0 + sum(s[: bs - 1])
+            e = expected[bs - 1]
             rate = e / self.latency.round_seconds(bs, concurrency, committed=e)
             if rate > best_rate:
                 best, best_rate = bs, rate

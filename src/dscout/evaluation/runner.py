@@ -24,7 +24,7 @@ from ..data.benchmarks import BenchmarkPrompt
 from ..data.prompts import chat_prompt_ids
 from ..decoding.engine import SpeculativeEngine
 from ..jsonl import write_jsonl
-from ..records import make_record
+from ..records import controller_fields, make_record
 from .scoring import score
 
 
@@ -126,11 +126,8 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
                 seed = _seed(benchmark, item.prompt_id, turn, repeat)
                 r = m.engine.generate(ids, max_new_tokens, block_size=m.max_block_size, temperature=temperature,
                                       seed=seed, prefill_store=prefill_store)
-                online = {}
-                if r.block_sizes:  # the online controller's decisions, per round
-                    online = {"round_block_sizes": r.block_sizes, "controller_seconds": r.controller_seconds,
-                              "round_seconds": [d + v for d, v in zip(r.draft_seconds, r.verify_seconds)],
-                              "max_block_size": m.max_block_size}
+                online = controller_fields(r.block_sizes, r.controller_seconds, r.draft_seconds, r.verify_seconds,
+                                           m.max_block_size)
                 text = tok.decode(r.output_ids, skip_special_tokens=True)
                 rec = make_record(
                     benchmark=benchmark, prompt_id=item.prompt_id, turn=turn, method=m.kind, method_name=m.name,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..decoding.batched import BatchedSpeculativeEngine
-from ..records import make_record
+from ..records import controller_fields, make_record
 
 
 def serving_records(target, proposer_factories: dict[str, tuple[str, str, object]], prompts: list[list[int]],
@@ -39,17 +39,14 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
         bs = block_sizes.get(key, 1)
         engine.generate([batch_prompts[0][:8]], 2, block_size=bs)  # warm-up
         if controller is not None:  # the warm-up's round out of the statistics and the overhead
-            controller.tracker.successes = [0.0] * len(controller.tracker.successes)
-            controller.tracker.trials = [0.0] * len(controller.tracker.trials)
-            controller.overhead_seconds, controller.decisions = 0.0, 0
+            controller.reset()
         out = engine.generate(batch_prompts, max_new_tokens, block_size=bs)
-        online = {} if controller is None else {
-            "round_block_sizes": out.block_sizes, "controller_seconds": out.controller_seconds,
-            "round_seconds": [d + v for d, v in zip(out.draft_seconds, out.verify_seconds)], "max_block_size": bs}
+        online = controller_fields(out.block_sizes, out.controller_seconds, out.draft_seconds, out.verify_seconds, bs)
+        bs_field = None if kind == "ar" else "online" if controller is not None else bs
         for pid, r in zip(prompt_ids, out.results):
             records.append(make_record(
                 benchmark="serving", prompt_id=pid, method=kind, method_key=key, method_name=key, drafter=drafter,
-                block_size=None if kind == "ar" else "online" if controller is not None else bs, temperature=0.0, repeat=repeat, concurrency=concurrency,
+                block_size=bs_field, temperature=0.0, repeat=repeat, concurrency=concurrency,
                 new_tokens=r.new_tokens, decode_seconds=out.decode_seconds, accept_lengths=r.accept_lengths,
                 output_ids=r.output_ids, stop_reason=r.stop_reason, runtime="batched",
                 batch_decode_seconds=out.decode_seconds, batch_throughput=out.throughput, **online))
