@@ -22,7 +22,8 @@ def _predicted(latency: dict, bs: int, committed: int) -> float:
 
 
 def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) -> dict:
-    """Left: bs chosen per round and tokens accepted per round over the longest online generation (T = 0).
+    """Left: bs chosen per round and tokens committed per round over the online generation (T = 0, repeat 0) in
+    which the controller chose the most distinct bs (ties: the longest).
     Right: predicted vs measured round time of every online round (one point per round), per benchmark.
 
     Args:
@@ -41,7 +42,9 @@ def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) 
     for p in latency_paths:
         bench = Path(p).parent.parent.name  # results/bench/<id>/<benchmark>/t0/latency-<key>.json
         latency[bench] = json.loads(Path(p).read_text())
-    longest = max((r for r in recs if r["repeat"] == 0), key=lambda r: len(r["accept_lengths"]))
+    # the generation where the controller moved most: most distinct bs chosen, then most rounds
+    longest = max((r for r in recs if r["repeat"] == 0),
+                  key=lambda r: (len(set(r["round_block_sizes"])), len(r["accept_lengths"])))
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.5, 3.6), gridspec_kw={"width_ratios": [1.5, 1]})
     xs = list(range(1, len(longest["accept_lengths"]) + 1))
     ax.bar(xs, longest["accept_lengths"], color="tab:green", alpha=0.55, label="tokens committed (accepted + bonus)")
