@@ -29,7 +29,7 @@ STAGE_CODE = {
     "train": ["models", "training", "data/responses.py"],
     "bench": ["models", "decoding", "evaluation", "records.py", "jsonl.py", "kinds.py", "data"],
     "accuracy": ["models/target.py", "evaluation/accuracy.py", "evaluation/scoring.py", "jsonl.py", "data"],
-    "analysis": ["analysis", "jsonl.py"],
+    "analysis": ["analysis", "jsonl.py", "decoding/latency.py"],
     "depth": ["models", "training", "decoding", "experiments", "kinds.py", "data"],
     "serving": ["models", "decoding", "evaluation/serving.py", "evaluation/methods.py", "backends", "records.py",
                 "jsonl.py", "data"],

@@ -7,18 +7,9 @@ import json
 import statistics
 from pathlib import Path
 
+from ..decoding.latency import LatencyModel
 from .aggregate import load_records
 from .plotting import _plt, save
-
-
-def _predicted(latency: dict, bs: int, committed: int) -> float:
-    """Round seconds of :class:`dscout.decoding.latency.LatencyModel` from its JSON (torch-free: plot env)."""
-    f0, f1, l0, l1 = latency["draft"]
-    d = latency["num_layers"]
-    draft = max(f0 + f1 * bs + d * (l0 + l1 * bs), 0.0) if bs > 1 else 0.0
-    commit = max(latency["commit"][0] + latency["commit"][1] * committed, 0.0)
-    v0, v1, v2 = latency["verify"]
-    return draft + commit + max(v0 + v1 + v2 * bs, 1e-9)
 
 
 def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) -> dict:
@@ -41,7 +32,7 @@ def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) 
     latency = {}
     for p in latency_paths:
         bench = Path(p).parent.parent.name  # results/bench/<id>/<benchmark>/t0/latency-<key>.json
-        latency[bench] = json.loads(Path(p).read_text())
+        latency[bench] = LatencyModel.from_json(p)
     # the generation where the controller moved most: most distinct bs chosen, then most rounds
     longest = max((r for r in recs if r["repeat"] == 0),
                   key=lambda r: (len(set(r["round_block_sizes"])), len(r["accept_lengths"])))
@@ -61,7 +52,7 @@ def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) 
         pred, meas = [], []
         for r in (r for r in recs if r["benchmark"] == bench):
             for bs, n, secs in zip(r["round_block_sizes"], r["accept_lengths"], r.get("round_seconds") or []):
-                pred.append(1e3 * _predicted(latency[bench], bs, n))
+                pred.append(1e3 * latency[bench].round_seconds(bs, 1, committed=n))
                 meas.append(1e3 * secs)
             mean_bs += r["round_block_sizes"]
         errors += [abs(p - m) / m for p, m in zip(pred, meas) if m > 0]

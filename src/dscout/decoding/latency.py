@@ -28,11 +28,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 
 def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
     """Least squares, minimum norm (collinear columns, e.g. a single d, still predict inside the data)."""
+    import torch  # here, not at module level: the model itself is torch-free (figures read it in the plot env)
+
     a = torch.tensor(rows, dtype=torch.float64)
     b = torch.tensor(ys, dtype=torch.float64).view(-1, 1)
     return torch.linalg.lstsq(a, b, driver="gelsd").solution.view(-1).tolist()
@@ -127,7 +127,6 @@ def _median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-@torch.no_grad()
 def calibrate_latency(target, proposer, block_sizes: list[int], concurrency: list[int] = (1,),
                       context_tokens: int = 128, repeats: int = 5, seed: int = 0) -> LatencyModel:
     """Measure draft, commit and verify costs on this machine and fit :class:`LatencyModel`.
@@ -145,8 +144,17 @@ def calibrate_latency(target, proposer, block_sizes: list[int], concurrency: lis
     Raises:
         ValueError: for an empty ``block_sizes``.
     """
+    import torch
+
     if not block_sizes:
         raise ValueError("calibrate_latency needs at least one block size")
+    with torch.no_grad():
+        return _calibrate(target, proposer, block_sizes, concurrency, context_tokens, repeats, seed)
+
+
+def _calibrate(target, proposer, block_sizes, concurrency, context_tokens, repeats, seed) -> LatencyModel:
+    import torch
+
     t_start = time.perf_counter()
     dev = target.device
     g = torch.Generator().manual_seed(seed)
