@@ -178,3 +178,20 @@ def test_fit_recovers_a_known_latency_model():
             assert fit.round_seconds(bs, c, 4.0) == pytest.approx(true.round_seconds(bs, c, 4.0), rel=1e-6)
     with pytest.raises(ValueError, match="verify"):
         LatencyModel.fit([s for s in samples if s["part"] != "verify"], 5, 3)
+
+
+def test_verify_uses_the_measured_table_at_a_calibrated_concurrency():
+    """A verify that costs the same for 2-4 tokens and steps up at 6 (memory-bound, then a kernel step): the model
+    follows the measured points at the calibrated c, the fitted line elsewhere."""
+    measured = {2: 0.060, 4: 0.060, 6: 0.080, 8: 0.072, 16: 0.090}
+    samples = [{"part": "verify", "bs": b, "c": 1, "layers": None, "tokens": b, "seconds": t} for b, t in measured.items()]
+    samples += [{"part": "draft", "bs": b, "c": 1, "layers": 1, "tokens": b, "seconds": 0.004} for b in (2, 16)]
+    samples += [{"part": "commit", "bs": None, "c": 1, "layers": 1, "tokens": m, "seconds": 0.001} for m in (1, 16)]
+    lat = LatencyModel.fit(samples, 5, 1)
+    assert lat.verify_seconds(3) == pytest.approx(0.060) and lat.verify_seconds(6) == pytest.approx(0.080)
+    assert lat.verify_seconds(7) == pytest.approx(0.076)  # between the measured 6 and 8
+    assert lat.verify_seconds(1) <= lat.verify_seconds(2)  # extrapolated below the table with the line's slope
+    v0, v1, v2 = lat.verify
+    assert lat.verify_seconds(4, 8) == pytest.approx(v0 + 8 * v1 + 32 * v2)  # c = 8 was not calibrated: the line
+    back = LatencyModel(**{k: v for k, v in lat.__dict__.items()})
+    assert back.verify_seconds(6) == pytest.approx(0.080)

@@ -10,7 +10,10 @@ A round of block-diffusion speculative decoding (docs/method.md §4, §5) costs,
   ``c`` requests of a batch runs request after request in this project's engines, hence the factor ``c``.
 * ``T_commit(L) = m_0 + m_1 * L``: writing the ``L`` committed tokens' fused taps (t taps each, so ``t`` enters
   here and in ``T_fix``) into the drafter's context cache, plus the round's bookkeeping.
-* ``T_verify(bs, c) = v_0 + v_1 * c + v_2 * c * bs``: one target forward over ``c`` rows of ``bs`` tokens.
+* ``T_verify(bs, c) = v_0 + v_1 * c + v_2 * c * bs``: one target forward over ``c`` rows of ``bs`` tokens. At a
+  calibrated c the measured verify times are interpolated between the calibrated bs instead (a verify of a few
+  tokens is memory-bound and kernels change cost in steps, which a straight line smooths over); the line serves
+  other c and extrapolates below the smallest calibrated bs.
 
 :func:`calibrate_latency` measures every term on the real target and drafter (synthetic context of
 ``context_tokens`` tokens, median of ``repeats`` timings per point; drafter-layer slices ``1..d`` for the
@@ -47,6 +50,7 @@ class LatencyModel:
         draft: ``[f_0, f_1, l_0, l_1]``: ``T_draft(bs) = f_0 + f_1 bs + d (l_0 + l_1 bs)`` seconds.
         commit: ``[m_0, m_1]``: ``T_commit(L) = m_0 + m_1 L`` seconds per request.
         verify: ``[v_0, v_1, v_2]``: ``T_verify(bs, c) = v_0 + v_1 c + v_2 c bs`` seconds.
+        verify_table: ``{c: {bs: seconds}}``, the measured verify medians (JSON keys are strings).
         samples: the calibration measurements (``part`` draft/commit/verify, ``bs``, ``c``, ``layers``,
             ``tokens``, ``seconds``).
         calibration_seconds: wall time the calibration took.
@@ -59,6 +63,7 @@ class LatencyModel:
     verify: list[float]
     samples: list[dict] = field(default_factory=list)
     calibration_seconds: float = 0.0
+    verify_table: dict = field(default_factory=dict)
 
     def draft_seconds(self, bs: int, layers: int | None = None) -> float:
         """One drafter forward over a block of ``bs`` tokens with ``layers`` (default d) layers, seconds."""
@@ -73,9 +78,20 @@ class LatencyModel:
         return max(self.commit[0] + self.commit[1] * tokens, 0.0)
 
     def verify_seconds(self, bs: int, concurrency: int = 1) -> float:
-        """One target forward over ``concurrency`` rows of ``bs`` tokens, seconds."""
+        """One target forward over ``concurrency`` rows of ``bs`` tokens, seconds (measured table where it covers
+        ``(bs, c)``, else the fitted line)."""
         v0, v1, v2 = self.verify
-        return max(v0 + v1 * concurrency + v2 * concurrency * bs, 1e-9)
+        line = max(v0 + v1 * concurrency + v2 * concurrency * bs, 1e-9)
+        table = self.verify_table.get(str(concurrency))
+        if not table:
+            return line
+        points = sorted((int(b), t) for b, t in table.items())
+        if bs <= points[0][0]:  # below the calibrated range: the line's slope from the first measured point
+            return max(points[0][1] - v2 * concurrency * (points[0][0] - bs), 1e-9)
+        for (b0, t0), (b1, t1) in zip(points, points[1:]):
+            if bs <= b1:
+                return t0 + (t1 - t0) * (bs - b0) / (b1 - b0)
+        return line
 
     def round_seconds(self, bs: int, concurrency: int = 1, committed: float | None = None) -> float:
         """T(bs, c): a whole round (draft + commit of every request, one verify), seconds.
@@ -104,7 +120,10 @@ class LatencyModel:
         commit = _lstsq([[1.0, s["tokens"]] for s in parts["commit"]], [s["seconds"] for s in parts["commit"]])
         verify = _lstsq([[1.0, s["c"], s["c"] * s["bs"]] for s in parts["verify"]],
                         [s["seconds"] for s in parts["verify"]])
-        return cls(num_taps, num_layers, draft, commit, verify, list(samples), calibration_seconds)
+        table: dict[str, dict[str, float]] = {}
+        for smp in parts["verify"]:
+            table.setdefault(str(smp["c"]), {})[str(smp["bs"])] = smp["seconds"]
+        return cls(num_taps, num_layers, draft, commit, verify, list(samples), calibration_seconds, table)
 
     def to_json(self, path: str | Path) -> None:
         """Write the model and its calibration samples (saved with the run)."""
