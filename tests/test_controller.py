@@ -1,5 +1,7 @@
 """The online block-size controller and its latency model: decisions, losslessness, calibration."""
 
+import dataclasses
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -193,5 +195,5 @@ def test_verify_uses_the_measured_table_at_a_calibrated_concurrency():
     assert lat.verify_seconds(1) <= lat.verify_seconds(2)  # extrapolated below the table with the line's slope
     v0, v1, v2 = lat.verify
     assert lat.verify_seconds(4, 8) == pytest.approx(v0 + 8 * v1 + 32 * v2)  # c = 8 was not calibrated: the line
-    back = LatencyModel(**{k: v for k, v in lat.__dict__.items()})
+    back = LatencyModel(**dataclasses.asdict(lat))
     assert back.verify_seconds(6) == pytest.approx(0.080)

@@ -120,15 +120,14 @@ class BatchedSpeculativeEngine:
         t1 = time.perf_counter()
         batch = BatchResult(results=results, prefill_seconds=t1 - t0)
         keys = valid  # [B, S]: which cache slots hold committed tokens
+        spent = self.controller.overhead_seconds if self.controller is not None else 0.0
         while any(active):
             ta = time.perf_counter()
             bs_round = bs
             if self.controller is not None:
-                spent = self.controller.overhead_seconds
                 left = max(max_new_tokens - len(results[i].output_ids) for i in range(B) if active[i])
                 bs_round = self.controller.choose(sum(active), limit=min(bs, left))
                 batch.block_sizes.append(bs_round)
-                batch.controller_seconds += self.controller.overhead_seconds - spent
             drafts = []
             for i in range(B):
                 k = min(bs_round - 1, max_new_tokens - len(results[i].output_ids) - 1) if active[i] else 0
@@ -175,13 +174,13 @@ class BatchedSpeculativeEngine:
                     active[i] = False
             keys = torch.cat([keys, committed_slots], dim=1)
             if self.controller is not None:
-                spent = self.controller.overhead_seconds
                 self.controller.observe_batch(observed)
-                batch.controller_seconds += self.controller.overhead_seconds - spent
             td = time.perf_counter()
             batch.draft_seconds.append((tb - ta) + (td - tc))
             batch.verify_seconds.append(tc - tb)
         batch.decode_seconds = time.perf_counter() - t1
+        if self.controller is not None:
+            batch.controller_seconds = self.controller.overhead_seconds - spent
         for r in results:
             r.decode_seconds = batch.decode_seconds
             r.prefill_seconds = batch.prefill_seconds

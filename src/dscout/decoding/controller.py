@@ -45,8 +45,12 @@ class AcceptanceTracker:
         if not 0 < decay <= 1:
             raise ValueError("decay must be in (0, 1]")
         self.max_drafts, self.decay, self.prior_strength, self.prior = max_drafts, decay, prior_strength, prior
-        self.successes = [0.0] * max_drafts
-        self.trials = [0.0] * max_drafts
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every observation."""
+        self.successes = [0.0] * self.max_drafts
+        self.trials = [0.0] * self.max_drafts
 
     def update(self, drafted: int, accepted: int) -> None:
         """Record one round: ``drafted`` drafts verified, the first ``accepted`` of them accepted."""
@@ -89,34 +93,23 @@ class BlockSizeController:
         candidates: bs values to consider (default every bs from 1 to ``max_block_size``; 1 = no drafts).
         decay, prior_strength, prior: see :class:`AcceptanceTracker`.
     Attributes:
-        history: per decided round ``(bs, survival S(1..bs-1) at decision time)``, when ``keep_history``.
-        overhead_seconds: wall seconds spent in :meth:`choose` (the controller's cost per run).
+        overhead_seconds: wall seconds spent in :meth:`choose` and the feedback (the controller's cost per run).
     """
 
     def __init__(self, latency, max_block_size: int, candidates: list[int] | None = None, decay: float = 0.9,
-                 prior_strength: float = 2.0, prior: float = 0.5, keep_history: bool = False):
+                 prior_strength: float = 2.0, prior: float = 0.5):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
         self.max_block_size = max_block_size
         self.candidates = sorted({b for b in (candidates or range(1, max_block_size + 1)) if 1 <= b <= max_block_size})
         self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior)
-        self.keep_history = keep_history
-        self.history: list[tuple[int, list[float]]] = []
         self.overhead_seconds = 0.0
-        self.decisions = 0
 
     def reset(self) -> None:
         """Forget every observation and the overhead so far (e.g. after an untimed warm-up)."""
-        self.tracker.successes = [0.0] * self.tracker.max_drafts
-        self.tracker.trials = [0.0] * self.tracker.max_drafts
-        self.history.clear()
-        self.overhead_seconds, self.decisions = 0.0, 0
-
-    def expected_committed(self, bs: int, survival: list[float] | None = None) -> float:
-        """``E[L(bs)] = 1 + sum_{k<bs} S(k)``: expected tokens one request commits in a round of ``bs``."""
-        s = self.tracker.survival() if survival is None else survival
-        return 1.0 + sum(s[: bs - 1])
+        self.tracker.reset()
+        self.overhead_seconds = 0.0
 
     def choose(self, concurrency: int = 1, limit: int | None = None) -> int:
         """The bs of the next round for ``concurrency`` active requests.
@@ -139,9 +132,6 @@ class BlockSizeController:
             rate = e / self.latency.round_seconds(bs, concurrency, committed=e)
             if rate > best_rate:
                 best, best_rate = bs, rate
-        if self.keep_history:
-            self.history.append((best, s[: max(best - 1, 0)]))
-        self.decisions += 1
         self.overhead_seconds += time.perf_counter() - t0
         return best
 

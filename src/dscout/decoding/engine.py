@@ -163,14 +163,14 @@ class SpeculativeEngine:
             return res
 
         position = n_prompt  # absolute position of x
+        controller = self.controller if self.proposer is not None else None
+        spent = controller.overhead_seconds if controller is not None else 0.0
         while len(res.output_ids) < max_new_tokens:
             remaining = max_new_tokens - len(res.output_ids)
             ta = time.perf_counter()
-            if self.controller is not None and self.proposer is not None:
-                overhead = self.controller.overhead_seconds
-                bs_round = self.controller.choose(1, limit=min(block_size, remaining))
+            if controller is not None:
+                bs_round = controller.choose(1, limit=min(block_size, remaining))
                 res.block_sizes.append(bs_round)
-                res.controller_seconds += self.controller.overhead_seconds - overhead
             else:
                 bs_round = block_size
             k = min(bs_round - 1, remaining - 1)
@@ -190,10 +190,8 @@ class SpeculativeEngine:
                 accepted, keep = drafts[:n_acc].tolist(), torch.arange(n_acc + 1, device=dev)
             _sync(dev)
             tc = time.perf_counter()
-            if self.controller is not None and self.proposer is not None:
-                overhead = self.controller.overhead_seconds
-                self.controller.observe(k, len(accepted))
-                res.controller_seconds += self.controller.overhead_seconds - overhead
+            if controller is not None:
+                controller.observe(k, len(accepted))
             if self.proposer is not None:  # drafter-side work: counted as draft time
                 committed = torch.cat([torch.tensor([x], device=dev), torch.tensor(accepted, dtype=torch.long,
                                                                                    device=dev)])
@@ -211,6 +209,8 @@ class SpeculativeEngine:
             position += n_acc + 1
             x = bonus
         res.decode_seconds = time.perf_counter() - t1
+        if controller is not None:
+            res.controller_seconds = controller.overhead_seconds - spent
         return res
 
     def _verify_tree(self, x: int, position: int, draft: TreeDraft, cache, temperature: float,

@@ -65,6 +65,11 @@ class LatencyModel:
     calibration_seconds: float = 0.0
     verify_table: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        # the table as sorted (bs, seconds) points per c, once: verify_seconds runs for every candidate bs per round
+        self._verify_points = {int(c): sorted((int(b), t) for b, t in row.items())
+                               for c, row in self.verify_table.items() if row}
+
     def draft_seconds(self, bs: int, layers: int | None = None) -> float:
         """One drafter forward over a block of ``bs`` tokens with ``layers`` (default d) layers, seconds."""
         if bs <= 1:
@@ -82,10 +87,9 @@ class LatencyModel:
         ``(bs, c)``, else the fitted line)."""
         v0, v1, v2 = self.verify
         line = max(v0 + v1 * concurrency + v2 * concurrency * bs, 1e-9)
-        table = self.verify_table.get(str(concurrency))
-        if not table:
+        points = self._verify_points.get(concurrency)
+        if not points:
             return line
-        points = sorted((int(b), t) for b, t in table.items())
         if bs <= points[0][0]:  # below the calibrated range: the line's slope from the first measured point
             return max(points[0][1] - v2 * concurrency * (points[0][0] - bs), 1e-9)
         for (b0, t0), (b1, t1) in zip(points, points[1:]):

@@ -84,7 +84,7 @@ def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_
 CALIBRATION_BLOCK_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
-def online_controller(target, proposer, settings: dict, concurrency: int = 1, keep_history: bool = False):
+def online_controller(target, proposer, settings: dict, concurrency: int = 1):
     """Calibrate the latency model of ``proposer`` on this machine and build the online bs controller.
 
     Args:
@@ -104,5 +104,4 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, ke
                                 context_tokens=settings.get("calibration_context_tokens", 128),
                                 repeats=settings.get("calibration_repeats", 5))
     return BlockSizeController(latency, horizon, decay=settings.get("decay", 0.9),
-                               prior_strength=settings.get("prior_strength", 2.0), prior=settings.get("prior", 0.5),
-                               keep_history=keep_history)
+                               prior_strength=settings.get("prior_strength", 2.0), prior=settings.get("prior", 0.5))
