@@ -74,6 +74,17 @@ def test_stage_ids_depend_on_exactly_their_slice():
     assert dcfg.drafter_id(base, "dflash", L).startswith("dflash-5t2d-")
 
 
+def test_sampled_token_budget_changes_only_the_sampled_runs():
+    base = load()
+    L = base["target"]["num_layers"]
+    shorter = dcfg.deep_merge(base, {"benchmarks": {"sampled_max_new_tokens": 7}})
+    assert dcfg.bench_id(shorter, L) == dcfg.bench_id(base, L)  # the temperature-0 records stay
+    assert dcfg.bench_stage(shorter, L)["benchmarks"]["max_new_tokens"] == base["benchmarks"]["max_new_tokens"]
+    assert dcfg.sampled_bench_stage(shorter, L)["benchmarks"]["max_new_tokens"] == 7
+    unset = dcfg.deep_merge(base, {"benchmarks": {"sampled_max_new_tokens": None}})
+    assert dcfg.sampled_bench_stage(unset, L)["benchmarks"]["max_new_tokens"] == base["benchmarks"]["max_new_tokens"]
+
+
 def test_code_digest_tracks_stage_sources():
     assert dcfg.code_digest("train") != dcfg.code_digest("bench")
     assert len(dcfg.code_digest("analysis")) == 12
@@ -149,6 +160,9 @@ def test_temperature_one_rows_in_table3(smoke_artifacts_run):
     greedy = {r["method_name"] for r in rows if float(r["temperature"]) == 0.0}
     assert sampled == {"AR", "DFlash(16)", "DScout(16)"} and {"EAGLE-3(16)", "PARD-2(4)"} <= greedy
     assert "## Temperature 1" in (work / "results/tables/table3.md").read_text()
+    records = [json.loads(l) for f in (work / "results/bench").rglob("*.jsonl") for l in f.read_text().splitlines()]
+    longest = {t: max(r["new_tokens"] for r in records if r["temperature"] == t) for t in (0.0, 1.0)}
+    assert longest[1.0] <= 6 < longest[0.0] <= 12  # benchmarks.sampled_max_new_tokens vs max_new_tokens
 
 
 @pytest.mark.slow

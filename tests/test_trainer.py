@@ -111,3 +111,26 @@ def test_baselines_train_through_the_same_loop(setup, tmp_path, kind, options, l
     assert summary["kind"] == kind and summary["steps"] == 6
     log = _log(out / "train_log.jsonl")
     assert len(log) == 6 and all(r["loss"] == r["loss"] for r in log)  # finite (not NaN)
+
+
+def test_training_steps_flush_subnormals_then_restore_ieee(setup, tmp_path, monkeypatch):
+    """AWL weights underflow to subnormals, which x86 CPUs compute in microcode (3x slower DScout steps): the
+    training loop flushes them to zero while it runs and leaves IEEE behaviour in place after."""
+    from dscout.training import methods, trainer
+
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush subnormal floats")
+    subnormal = torch.tensor([1e-42])
+    seen = []
+    original = methods.DFlashMethod.loss
+
+    def spying_loss(self, *args, **kw):
+        seen.append(float(subnormal * 1.0))
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(methods.DFlashMethod, "loss", spying_loss)
+    t, _, cache = setup
+    trainer.train_drafter(t, _cfg(max_steps=3, checkpoint_every=0), tmp_path / "d", tmp_path / "w",
+                          feature_cache=cache)
+    assert seen == [0.0, 0.0, 0.0]  # every training step ran with subnormals flushed
+    assert float(subnormal * 1.0) > 0.0  # and the process is back to IEEE arithmetic

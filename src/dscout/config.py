@@ -397,7 +397,8 @@ def prepare_target_stage(cfg: dict, num_target_layers: int) -> dict:
 
 
 def sampled_bench_stage(cfg: dict, num_target_layers: int) -> dict:
-    """Table 3 at temperatures above 0: the bench stage restricted to ``benchmarks.sampled_methods`` (null = all).
+    """Table 3 at temperatures above 0: the bench stage restricted to ``benchmarks.sampled_methods`` (null = all),
+    with ``benchmarks.sampled_max_new_tokens`` as its token budget when set.
 
     Raises:
         ValueError: naming sampled method names that are not rows of ``methods``.
@@ -408,14 +409,19 @@ def sampled_bench_stage(cfg: dict, num_target_layers: int) -> dict:
         unknown = sorted(set(sampled) - {m["name"] for m in cfg["methods"]})
         if unknown:
             raise ValueError(f"config benchmarks.sampled_methods: {unknown} are not method names of `methods`")
-    return {**stage, "methods": [m for m in stage["methods"] if sampled is None or m["name"] in sampled]}
+    stage = {**stage, "methods": [m for m in stage["methods"] if sampled is None or m["name"] in sampled]}
+    sampled_tokens = cfg["benchmarks"].get("sampled_max_new_tokens")
+    if sampled_tokens is not None:  # a shorter budget for the sampled rows (T = 0 records keep theirs)
+        stage["benchmarks"] = {**stage["benchmarks"], "max_new_tokens": sampled_tokens}
+    return stage
 
 
 def table_stage(cfg: dict) -> dict:
     """What Table 3 and Figure 2 print beside the numbers (captions): run shape and runtime."""
     b = cfg["benchmarks"]
     return {"target": cfg["target"]["name"], "repeats": cfg["repeats"], "num_prompts": b["num_prompts"],
-            "max_new_tokens": b["max_new_tokens"], "near_tie_epsilon": cfg["near_tie_epsilon"],
+            "max_new_tokens": b["max_new_tokens"], "sampled_max_new_tokens": b.get("sampled_max_new_tokens"),
+            "near_tie_epsilon": cfg["near_tie_epsilon"],
             "accuracy_max_new_tokens": cfg["accuracy"]["max_new_tokens"] if cfg["accuracy"]["enabled"] else None,
             "runtime": f"transformers, {cfg['target']['dtype']}"
                        + (", oneDNN packed linears" if b.get("cpu_packed_linear") else "")}

@@ -188,7 +188,9 @@ def write_table3(record_paths, out_prefix: str, stage: dict, accuracy_paths=()) 
     lines = ["# Table 3 — speedup over AR and mean accepted tokens (τ)", "",
              f"Measured here: target **{target}** ({stage.get('runtime', 'transformers, CPU')}), "
              f"concurrency 1, mean ± std over {stage.get('repeats', '?')} repeats; prompts per benchmark: "
-             f"{stage.get('num_prompts', '?')}; max new tokens per turn: {stage.get('max_new_tokens', '?')}. "
+             f"{stage.get('num_prompts', '?')}; max new tokens per turn: {stage.get('max_new_tokens', '?')}"
+             + (f" (temperatures above 0: {stage['sampled_max_new_tokens']})"
+                if stage.get("sampled_max_new_tokens") is not None else "") + ". "
              "Speedup = AR TPOT / method TPOT, paired with the AR run of the same repeat (± its std over "
              "repeats); τ = mean accepted tokens per round, (± its std over the cell's requests: the spread "
              "across prompts). Every number is computed from the raw records in `results/bench/`. AR cells show "
