@@ -74,7 +74,8 @@ rule accuracy:
         n=config["accuracy"]["num_prompts"],
         code=code("accuracy"),
         data_root=DATA_ROOT,
-    threads: JOB_THREADS
+    # untimed, like a training job: on a small CPU it runs beside the trainings instead of alone with all cores
+    threads: TRAIN_THREADS
     resources:
         gpu=min(GPUS, 1),
     log:

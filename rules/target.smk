@@ -33,6 +33,7 @@ rule generate_responses:
         code=code("responses"),
         data_root=DATA_ROOT,
     threads: JOB_THREADS
+    priority: 1  # on the path to every training job (the accuracy stage can wait)
     resources:
         gpu=GPUS,
     log:

@@ -16,6 +16,9 @@ rule target_features:
         code=code("features"),
         batch_size=config["features"]["batch_size"],
     threads: JOB_THREADS
+    # every cache before the first training: the trainings then run side by side (with the accuracy stage)
+    # instead of one of them alone while a late cache holds the other cores
+    priority: 1
     resources:
         gpu=min(GPUS, 1),
     log:
