@@ -9,7 +9,8 @@ from scipy.stats import chisquare
 from dscout.decoding.batched import BatchedSpeculativeEngine
 from dscout.decoding.controller import AcceptanceTracker, BlockSizeController
 from dscout.decoding.engine import SpeculativeEngine
-from dscout.decoding.latency import LatencyModel, calibrate_latency
+from dscout.decoding.latency import LatencyModel, calibrate_latency, monotone_fit
+from dscout.evaluation.methods import CALIBRATION_BLOCK_SIZES, DEFAULT_CALIBRATION_CONTEXT, typical_context_tokens
 from dscout.decoding.proposers import BlockDiffusionProposer
 
 from .conftest import tiny_drafter, tiny_target
@@ -147,13 +148,15 @@ def test_batched_engine_with_the_controller_keeps_every_request_exact(target):
 
 def test_calibration_fits_every_term_and_round_trips(tmp_path, target):
     d = tiny_drafter(target, layers=2, block_size=16)
-    lat = calibrate_latency(target, BlockDiffusionProposer(d), [2, 4, 8, 16], concurrency=[1, 4],
+    lat = calibrate_latency(target, BlockDiffusionProposer(d), [1, 2, 4, 8, 16], concurrency=[1, 4],
                             context_tokens=24, repeats=2)
     parts = {s["part"] for s in lat.samples}
     assert parts == {"draft", "commit", "verify"}
     assert {s["layers"] for s in lat.samples if s["part"] == "draft"} == {1, 2}  # the d slices
-    assert {(s["bs"], s["c"]) for s in lat.samples if s["part"] == "verify"} == {(b, c) for b in (2, 4, 8, 16)
+    assert {s["bs"] for s in lat.samples if s["part"] == "draft"} == {2, 4, 8, 16}  # bs 1 drafts nothing
+    assert {(s["bs"], s["c"]) for s in lat.samples if s["part"] == "verify"} == {(b, c) for b in (1, 2, 4, 8, 16)
                                                                                    for c in (1, 4)}
+    assert lat.context_tokens == 24
     assert lat.num_layers == 2 and lat.num_taps == len(d.config.target_layer_ids)
     assert lat.round_seconds(8, 4) > 0 and lat.draft_seconds(1) == 0.0
     lat.to_json(tmp_path / "latency.json")
@@ -183,17 +186,36 @@ def test_fit_recovers_a_known_latency_model():
 
 
 def test_verify_uses_the_measured_table_at_a_calibrated_concurrency():
-    """A verify that costs the same for 2-4 tokens and steps up at 6 (memory-bound, then a kernel step): the model
-    follows the measured points at the calibrated c, the fitted line elsewhere."""
+    """A verify that costs the same for 2-4 tokens and steps up at 6 (memory-bound, then a kernel step), with a
+    noise dip at 8: the model follows the measured points made non-decreasing at the calibrated c, the fitted line
+    elsewhere."""
     measured = {2: 0.060, 4: 0.060, 6: 0.080, 8: 0.072, 16: 0.090}
     samples = [{"part": "verify", "bs": b, "c": 1, "layers": None, "tokens": b, "seconds": t} for b, t in measured.items()]
     samples += [{"part": "draft", "bs": b, "c": 1, "layers": 1, "tokens": b, "seconds": 0.004} for b in (2, 16)]
     samples += [{"part": "commit", "bs": None, "c": 1, "layers": 1, "tokens": m, "seconds": 0.001} for m in (1, 16)]
     lat = LatencyModel.fit(samples, 5, 1)
-    assert lat.verify_seconds(3) == pytest.approx(0.060) and lat.verify_seconds(6) == pytest.approx(0.080)
-    assert lat.verify_seconds(7) == pytest.approx(0.076)  # between the measured 6 and 8
+    assert lat.verify_seconds(3) == pytest.approx(0.060) and lat.verify_seconds(12) == pytest.approx(0.083)
+    # the dip (6: 0.080, 8: 0.072) is pooled to its mean: bs 8 is never "cheaper" than bs 6
+    assert lat.verify_seconds(6) == pytest.approx(0.076) == lat.verify_seconds(7) == lat.verify_seconds(8)
     assert lat.verify_seconds(1) <= lat.verify_seconds(2)  # extrapolated below the table with the line's slope
+    costs = [lat.verify_seconds(b) for b in range(1, 17)]
+    assert costs == sorted(costs)
     v0, v1, v2 = lat.verify
     assert lat.verify_seconds(4, 8) == pytest.approx(v0 + 8 * v1 + 32 * v2)  # c = 8 was not calibrated: the line
     back = LatencyModel(**dataclasses.asdict(lat))
-    assert back.verify_seconds(6) == pytest.approx(0.080)
+    assert back.verify_seconds(6) == pytest.approx(0.076)
+    assert back.verify_table["1"]["8"] == 0.072  # the raw measurements are kept as measured
+
+
+def test_monotone_fit_pools_decreasing_neighbours():
+    assert monotone_fit([(1, 1.0), (2, 2.0), (4, 3.0)]) == [(1, 1.0), (2, 2.0), (4, 3.0)]
+    fitted = monotone_fit([(2, 0.09), (4, 0.11), (8, 0.09), (16, 0.13), (24, 0.12), (32, 0.11)])
+    assert [b for b, _ in fitted] == [2, 4, 8, 16, 24, 32]
+    assert [round(t, 6) for _, t in fitted] == [0.09, 0.1, 0.1, 0.12, 0.12, 0.12]
+    assert monotone_fit([]) == []
+
+
+def test_calibration_context_is_the_jobs_typical_context():
+    assert typical_context_tokens([700, 20, 90], 128) == 90 + 64  # median prompt + half the budget
+    assert typical_context_tokens([], 64) == DEFAULT_CALIBRATION_CONTEXT
+    assert 1 in CALIBRATION_BLOCK_SIZES  # the cost of not drafting is measured, not extrapolated

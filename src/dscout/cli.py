@@ -164,7 +164,8 @@ def cmd_train(a):
 
 
 def cmd_bench(a):
-    from dscout.evaluation.methods import build_methods
+    from dscout.data.prompts import chat_prompt_ids
+    from dscout.evaluation.methods import build_methods, typical_context_tokens
     from dscout.evaluation.runner import run_benchmark, write_records
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
@@ -179,8 +180,12 @@ def cmd_bench(a):
     prompts = load_benchmark(a.benchmark, data_root(a.data_root), n, seed=b["seed"])
     drafter_dirs = dict(kv.split("=", 1) for kv in (a.drafter or []))
     stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
+    first_turns = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": p.turns[0]}],
+                                   st["chat"].get("system_prompt"), st["chat"].get("enable_thinking"))
+                   for p in prompts]
     methods = build_methods(target, st["methods"], drafter_dirs, stops,
-                            cpu_packed_linear=b.get("cpu_packed_linear", False))
+                            cpu_packed_linear=b.get("cpu_packed_linear", False),
+                            context_tokens=typical_context_tokens([len(x) for x in first_turns], max_new))
     out = Path(a.out_dir)
     for m in methods:  # the online controller's latency model, calibrated at start-up, is saved with the run
         if m.engine.controller is not None:
@@ -330,10 +335,11 @@ def cmd_serve_cpu(a):
         sizes[f"dscout-bs{bs}"] = bs
     controllers = {}
     if st.get("online"):  # DScout(online): calibrated at this level's concurrency, one bs per batch round
-        from dscout.evaluation.methods import online_controller
+        from dscout.evaluation.methods import online_controller, typical_context_tokens
 
         probe = BlockDiffusionProposer(loaded["dscout"])
-        ctl = online_controller(target, probe, st["online"], concurrency=a.concurrency)
+        ctl = online_controller(target, probe, st["online"], concurrency=a.concurrency,
+                                context_tokens=typical_context_tokens([len(p) for p in prompts], st["max_new_tokens"]))
         ctl.latency.to_json(Path(a.out).with_suffix(".latency-dscout-online.json"))
         factories["dscout-online"] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
         sizes["dscout-online"] = probe.max_block_size

@@ -41,6 +41,28 @@ def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
     return torch.linalg.lstsq(a, b, driver="gelsd").solution.view(-1).tolist()
 
 
+def monotone_fit(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The least-squares non-decreasing fit of ``(bs, seconds)`` points sorted by bs (pool-adjacent-violators).
+
+    Adjacent points that decrease are pooled to their mean until the sequence no longer decreases; monotone
+    input comes back unchanged.
+
+    Args:
+        points: ``[(bs, seconds)]`` sorted by bs.
+    Returns:
+        the same bs with fitted seconds, non-decreasing.
+    """
+    blocks: list[list[float]] = []  # [sum of seconds, count]
+    for _, t in points:
+        blocks.append([t, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, n = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += n
+    fitted = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    return [(bs, t) for (bs, _), t in zip(points, fitted)]
+
+
 @dataclass
 class LatencyModel:
     """Seconds per draft round of one (target, drafter) pair on one machine.
@@ -50,7 +72,9 @@ class LatencyModel:
         draft: ``[f_0, f_1, l_0, l_1]``: ``T_draft(bs) = f_0 + f_1 bs + d (l_0 + l_1 bs)`` seconds.
         commit: ``[m_0, m_1]``: ``T_commit(L) = m_0 + m_1 L`` seconds per request.
         verify: ``[v_0, v_1, v_2]``: ``T_verify(bs, c) = v_0 + v_1 c + v_2 c bs`` seconds.
-        verify_table: ``{c: {bs: seconds}}``, the measured verify medians (JSON keys are strings).
+        verify_table: ``{c: {bs: seconds}}``, the measured verify medians (JSON keys are strings); read through
+            :func:`monotone_fit` (non-decreasing in bs).
+        context_tokens: the context length (tokens) the rounds were calibrated at.
         samples: the calibration measurements (``part`` draft/commit/verify, ``bs``, ``c``, ``layers``,
             ``tokens``, ``seconds``).
         calibration_seconds: wall time the calibration took.
@@ -64,10 +88,13 @@ class LatencyModel:
     samples: list[dict] = field(default_factory=list)
     calibration_seconds: float = 0.0
     verify_table: dict = field(default_factory=dict)
+    context_tokens: int | None = None
 
     def __post_init__(self):
-        # the table as sorted (bs, seconds) points per c, once: verify_seconds runs for every candidate bs per round
-        self._verify_points = {int(c): sorted((int(b), t) for b, t in row.items())
+        # the table as sorted (bs, seconds) points per c, once: verify_seconds runs for every candidate bs per round;
+        # made non-decreasing in bs (verifying more tokens never costs less; a dip is timing noise, which the
+        # controller would otherwise exploit, e.g. bs 8 "cheaper" than bs 4)
+        self._verify_points = {int(c): monotone_fit(sorted((int(b), t) for b, t in row.items()))
                                for c, row in self.verify_table.items() if row}
 
     def draft_seconds(self, bs: int, layers: int | None = None) -> float:
@@ -236,7 +263,9 @@ def _calibrate(target, proposer, block_sizes, concurrency, context_tokens, repea
         secs = statistics.median(commit() for _ in range(repeats))
         samples.append({"part": "commit", "bs": None, "c": 1, "layers": d, "tokens": m, "seconds": secs})
     num_taps = len(layer_ids)
-    return LatencyModel.fit(samples, num_taps, d, time.perf_counter() - t_start)
+    model = LatencyModel.fit(samples, num_taps, d, time.perf_counter() - t_start)
+    model.context_tokens = context_tokens
+    return model
 
 
-__all__ = ["LatencyModel", "calibrate_latency"]
+__all__ = ["LatencyModel", "calibrate_latency", "monotone_fit"]

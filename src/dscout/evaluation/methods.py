@@ -49,8 +49,11 @@ def pard2_proposer(spec: dict, drafter_dir: str, target):
 
 
 def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_ids: list[int],
-                  cpu_packed_linear: bool = False) -> list[Method]:
+                  cpu_packed_linear: bool = False, context_tokens: int | None = None) -> list[Method]:
     """AR plus one method per spec (``{name, kind, drafter, block_size, drafter_id}``).
+
+    ``context_tokens`` is the job's typical context, where an online row calibrates its latency model unless its
+    ``controller`` settings name a length.
 
     ``drafter_dirs`` maps the config's drafter names to trained drafter folders. Proposers of the same drafter
     are shared between rows that differ only in block size. With ``cpu_packed_linear`` the target and every
@@ -73,7 +76,8 @@ def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_
             if cpu_packed_linear:
                 pack_linears(cache[key].drafter)
         did = spec.get("drafter_id", name)
-        controller = online_controller(target, cache[key], spec.get("controller") or {}) \
+        controller = online_controller(target, cache[key], spec.get("controller") or {},
+                                       context_tokens=context_tokens) \
             if spec.get("block_size") == "online" else None
         methods.append(Method(method_key(spec, did), spec["kind"], spec["name"],
                               SpeculativeEngine(target, cache[key], stop_ids, controller=controller),
@@ -81,10 +85,29 @@ def build_methods(target, specs: list[dict], drafter_dirs: dict[str, str], stop_
     return methods
 
 
-CALIBRATION_BLOCK_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32)
+CALIBRATION_BLOCK_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+"""bs values the latency model is timed at (1 = a target step without drafts: the cost of not drafting)."""
+
+DEFAULT_CALIBRATION_CONTEXT = 128
+"""Calibration context (tokens) when neither the config nor the job gives one."""
 
 
-def online_controller(target, proposer, settings: dict, concurrency: int = 1):
+def typical_context_tokens(prompt_lengths: list[int], max_new_tokens: int) -> int:
+    """The context a job's rounds attend to on average: median prompt length + half the new-token budget.
+
+    Args:
+        prompt_lengths: chat-prompt lengths of the job's prompts (tokens, first turn).
+        max_new_tokens: the job's new-token budget per turn.
+    Returns:
+        tokens (``DEFAULT_CALIBRATION_CONTEXT`` when there are no prompts).
+    """
+    if not prompt_lengths:
+        return DEFAULT_CALIBRATION_CONTEXT
+    lengths = sorted(prompt_lengths)
+    return max(1, lengths[len(lengths) // 2] + max_new_tokens // 2)
+
+
+def online_controller(target, proposer, settings: dict, concurrency: int = 1, context_tokens: int | None = None):
     """Calibrate the latency model of ``proposer`` on this machine and build the online bs controller.
 
     Args:
@@ -92,6 +115,8 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1):
             largest training horizon.
         settings: the config's ``controller`` section (decay, prior_strength, prior, calibration_*).
         concurrency: the c the verify term is calibrated at (besides 1).
+        context_tokens: the job's typical context (:func:`typical_context_tokens`), used when
+            ``settings["calibration_context_tokens"]`` is unset.
     Returns:
         :class:`~dscout.decoding.controller.BlockSizeController` (its ``latency`` is the calibrated model).
     """
@@ -101,7 +126,8 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1):
     horizon = proposer.max_block_size
     sizes = [b for b in settings.get("calibration_block_sizes", CALIBRATION_BLOCK_SIZES) if b <= horizon] or [horizon]
     latency = calibrate_latency(target, proposer, sizes, concurrency=sorted({1, concurrency}),
-                                context_tokens=settings.get("calibration_context_tokens", 128),
+                                context_tokens=settings.get("calibration_context_tokens") or context_tokens
+                                or DEFAULT_CALIBRATION_CONTEXT,
                                 repeats=settings.get("calibration_repeats", 5))
     return BlockSizeController(latency, horizon, decay=settings.get("decay", 0.9),
                                prior_strength=settings.get("prior_strength", 2.0), prior=settings.get("prior", 0.5))
