@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -62,11 +63,21 @@ def _rel(path) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
+def lever(name: str) -> tuple[dict, str]:
+    """One lever by name: an entry of ``VARIANTS``, or ``steps<N>`` (train N updates instead of the time budget)."""
+    m = re.fullmatch(r"steps(\d+)", name)
+    if m:
+        return {"max_steps": int(m.group(1))}, f"{m.group(1)} updates (not the time budget)"
+    if name not in VARIANTS:
+        raise SystemExit(f"unknown lever {name!r}: one of {', '.join(VARIANTS)} or steps<N>")
+    return VARIANTS[name]
+
+
 def combine(*names: str) -> tuple[dict, str]:
     """A variant that applies several levers at once (options merged)."""
     cfg, notes = {}, []
     for n in names:
-        over, note = VARIANTS[n]
+        over, note = lever(n)
         opts = {**cfg.get("options", {}), **over.get("options", {})}
         cfg.update(over)
         cfg["options"] = opts
@@ -77,7 +88,7 @@ def combine(*names: str) -> tuple[dict, str]:
 def train_config(overrides: dict, layer_ids: list[int], mask_token_id: int, max_steps: int, seed: int):
     from dscout.training.trainer import TrainConfig
 
-    spec = {**BASE, **{k: v for k, v in overrides.items() if k not in ("data_fraction",)}}
+    spec = {**BASE, **{k: v for k, v in overrides.items() if k not in ("data_fraction", "max_steps")}}
     return TrainConfig(recipe=spec["recipe"], num_layers=spec["num_layers"], target_layer_ids=layer_ids,
                        mask_token_id=mask_token_id, num_anchors=spec["num_anchors"],
                        micro_batch_size=spec["micro_batch_size"], lr=spec["lr"], warmup_ratio=spec["warmup_ratio"],
@@ -108,7 +119,7 @@ def run_variant(name, overrides, note, target, features, layer_ids, mask_id, tra
     ids = train_ids[: max(1, int(round(frac * len(train_ids))))]
     probe = train_config(overrides, layer_ids, mask_id, 6, seed)
     sec = step_seconds(target, probe, features, ids)
-    steps = max(10, int(budget / sec))
+    steps = overrides.get("max_steps") or max(10, int(budget / sec))
     cfg = replace(probe, max_steps=steps)
     out, work = work_root / name / "drafter", work_root / name / "work"
     shutil.rmtree(work_root / name, ignore_errors=True)
@@ -166,6 +177,63 @@ def engine_eval(target, results: dict, names: list[str], data_root: str, num_pro
     return out
 
 
+def teacher_forced_on_records(target, drafter_dirs: dict[str, str], bench_dir: Path, data_root: str) -> dict:
+    """Greedy τ implied on a Table 3 run's own prompts, without timing: every position of the AR output anchors a
+    fully masked block (the target's taps computed now over prompt + AR output, as a draft round sees them).
+
+    ``bench_dir`` is ``results/bench/<id>``; each ``<benchmark>/t0`` there gives the prompts (its
+    ``config.resolved.json``: counts, seed, chat) and ``r0/ar.jsonl`` the AR outputs (MT-Bench's second turn sees the
+    first turn's decoded answer, as in the runner). Returns ``{drafter: {benchmark: accuracy_and_tau summary}}``.
+    Raises AssertionError if a rebuilt prompt's length differs from the record's ``prompt_tokens``.
+    """
+    from dscout.data.benchmarks import load_benchmark
+    from dscout.data.prompts import chat_prompt_ids
+    from dscout.experiments.drafter_eval import accuracy_and_tau, offset_correctness
+    from dscout.models.export import load_dflash_checkpoint
+    from dscout.training.features import online_batch
+
+    class _Online:  # the drafter_eval source protocol over sequences whose taps the target computes now
+        def __init__(self, seqs, layer_ids):
+            self.seqs, self.layer_ids = seqs, layer_ids
+
+        def batch(self, idx, dtype, device):
+            b = online_batch(target, [self.seqs[i] for i in idx], self.layer_ids)
+            b.taps = b.taps.to(device, dtype)
+            return b
+
+    tok = target.tokenizer
+    per_bench = {}
+    for t0 in sorted(Path(bench_dir).glob("*/t0")):
+        stage = json.loads((t0 / "config.resolved.json").read_text())["stage_config"]
+        bench, b = t0.parent.name, stage["benchmarks"]
+        chat = stage["chat"]
+        prompts = load_benchmark(bench, data_root, b["num_prompts"][bench], seed=b["seed"])
+        recs = [json.loads(l) for l in (t0 / "r0" / "ar.jsonl").read_text().splitlines()]
+        seqs = []
+        for p in prompts:
+            history = []
+            for turn, text in enumerate(p.turns):
+                r = next(x for x in recs if x["prompt_id"] == p.prompt_id and x["turn"] == turn)
+                out = json.loads(r["output_ids"]) if isinstance(r["output_ids"], str) else r["output_ids"]
+                msgs = history + [{"role": "user", "content": text}]
+                ids = chat_prompt_ids(tok, msgs, chat.get("system_prompt"), chat.get("enable_thinking"))
+                assert len(ids) == r["prompt_tokens"], (bench, p.prompt_id, turn, len(ids), r["prompt_tokens"])
+                seqs.append({"input_ids": ids + out, "loss_mask": [0] * len(ids) + [1] * len(out)})
+                history = msgs + [{"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)}]
+        per_bench[bench] = seqs
+    out = {}
+    for name, path in drafter_dirs.items():
+        drafter = load_dflash_checkpoint(path, dtype=target.dtype).attach_target(target)
+        out[name] = {}
+        for bench, seqs in per_bench.items():
+            src = _Online(seqs, list(drafter.config.target_layer_ids))
+            ok = offset_correctness(drafter, src, list(range(len(seqs))), block_size=16)
+            out[name][bench] = accuracy_and_tau(ok, (2, 4, 8, 16))
+        print(f"  teacher-forced {name}: " + ", ".join(f"{b} {_tau(s, 4):.2f}" for b, s in out[name].items()),
+              flush=True)
+    return out
+
+
 def _tau(summary: dict, bs: int) -> float:
     """τ at ``bs`` from a summary whose keys may have gone through JSON (strings)."""
     return {int(k): v for k, v in summary["tau"].items()}[bs]
@@ -179,18 +247,20 @@ def write_report(res: dict, out: Path) -> None:
 
     v = res["variants"]
     lines = ["# Drafter training efficiency on the CPU default (SmolLM2-135M target)", "",
-             f"Each variant trains for {res['budget_seconds']:.0f} s of CPU (2 cores, one process) through the "
+             f"Each variant trains for {res['budget_seconds']:.0f} s of CPU (2 cores, one process; a ``steps<N>`` "
+             "variant for N updates instead, its training time in the column `train s`) through the "
              f"production trainer on {res['train_sequences']} sequences; {res['heldout_sequences']} sequences held "
              f"out, {res.get('evaluated_sequences', res['heldout_sequences'])} of them evaluated with every "
              "response position anchoring a fully masked block of 16. τ(bs) = 1 + mean "
              "longest correct prefix (greedy). The held-out sequences are the last of the responses file, i.e. "
              "its last source (Code-Alpaca in the CPU default), the 6 training sequences its first (GSM8K): "
              "compare variants within a column, not the two columns.", "",
-             "| variant | levers | steps | s/step | acc@1 | acc@2 | acc@4 | acc@8 | acc@15 | τ(4) | τ(8) | τ(16) |"
-             " τ(16) on 6 training sequences |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | levers | steps | s/step | train s | acc@1 | acc@2 | acc@4 | acc@8 | acc@15 | τ(4) | τ(8) | τ(16) |"
+             " τ(16) on 6 training sequences |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in v.items():
         a, t = r["heldout"]["offset_accuracy"], {int(k): x for k, x in r["heldout"]["tau"].items()}
-        lines.append(f"| {name} | {r['note']} | {r['steps']} | {r['probe_step_seconds']:.2f} | {a[0]:.3f} | "
+        lines.append(f"| {name} | {r['note']} | {r['steps']} | {r['probe_step_seconds']:.2f} | "
+                     f"{r['train_seconds']:.0f} | {a[0]:.3f} | "
                      f"{a[1]:.3f} | {a[3]:.3f} | {a[7]:.3f} | {a[14]:.3f} | {t[4]:.2f} | {t[8]:.2f} | "
                      f"{t[16]:.2f} | {_tau(r['train_subset'], 16):.2f} |")
     for key, e in res.get("engine", {}).items():
@@ -203,6 +273,20 @@ def write_report(res: dict, out: Path) -> None:
         for n, r in e["rows"].items():
             lines.append(f"| {n} | {r['tau']:.2f} | {r['speedup']:.2f}× | {r['draft_ms_per_round']:.1f} | "
                          f"{r['verify_ms_per_round']:.1f} | {r['mismatches']} | {r['decoded_tokens']} |")
+    tf = res.get("teacher_forced", {})
+    if tf:
+        benches = sorted({b for e in tf.values() for b in e["benchmarks"]})
+        lines += ["", "## Teacher-forced on a Table 3 run's prompts (no timing)", "",
+                  "Every position of the run's AR output (repeat 0, T = 0) anchors a fully masked block; the "
+                  "target's taps are computed over prompt + AR output. Greedy τ(4) / τ(16) per benchmark.", "",
+                  "| drafter | " + " | ".join(benches) + " | mean | acc@1 (mean) |",
+                  "|---|" + "---|" * (len(benches) + 2)]
+        for n, entry in tf.items():
+            cells = [f"{_tau(entry['benchmarks'][b], 4):.2f} / {_tau(entry['benchmarks'][b], 16):.2f}" for b in benches]
+            m4 = sum(_tau(entry["benchmarks"][b], 4) for b in benches) / len(benches)
+            m16 = sum(_tau(entry["benchmarks"][b], 16) for b in benches) / len(benches)
+            a1 = sum(entry["benchmarks"][b]["offset_accuracy"][0] for b in benches) / len(benches)
+            lines.append(f"| {n} | " + " | ".join(cells) + f" | {m4:.2f} / {m16:.2f} | {a1:.3f} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for name, r in v.items():
@@ -214,6 +298,37 @@ def write_report(res: dict, out: Path) -> None:
     ax[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(out / "offsets.png", dpi=110)
+    if res.get("teacher_forced") and any("max_steps" in r["overrides"] for r in v.values()):
+        scaling_figure(res, out / "scaling.png")
+
+
+def scaling_figure(res: dict, path: Path) -> None:
+    """τ against training time per recipe: held-out τ(16) and the teacher-forced τ(4) on a Table 3 run's prompts.
+
+    Time = updates × the recipe's seconds per update in its budget-timed run (the probe of the variant without
+    ``steps<N>``), so a run slowed by other work on the machine does not move its point.
+    """
+    import matplotlib.pyplot as plt
+
+    v, tf = res["variants"], res["teacher_forced"]
+    per_step = {r["overrides"].get("recipe", "dscout"): r["probe_step_seconds"]
+                for r in v.values() if "max_steps" not in r["overrides"]}
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for recipe in sorted(per_step):
+        pts = sorted((r["steps"] * per_step[recipe], _tau(r["heldout"], 16), n) for n, r in v.items()
+                     if r["overrides"].get("recipe", "dscout") == recipe)
+        ax[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=recipe)
+        tpts = [(x, sum(_tau(s, 4) for s in tf[n]["benchmarks"].values()) / len(tf[n]["benchmarks"]))
+                for x, _, n in pts if n in tf]
+        ax[1].plot([p[0] for p in tpts], [p[1] for p in tpts], marker="o", label=recipe)
+    ax[0].set(xscale="log", xlabel="training CPU seconds (2 cores)", ylabel="held-out τ(16)",
+              title="held-out responses (training distribution)")
+    ax[1].set(xscale="log", xlabel="training CPU seconds (2 cores)", ylabel="τ(4), mean of 6 benchmarks",
+              title="Table 3 prompts (teacher-forced)")
+    for a in ax:
+        a.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> None:
@@ -232,6 +347,10 @@ def main(argv=None) -> None:
     p.add_argument("--engine-tokens", type=int, default=96)
     p.add_argument("--engine-benchmarks", default="gsm8k,humaneval,mt_bench")
     p.add_argument("--data-root", default=None)
+    p.add_argument("--tf-bench", default=None,
+                   help="results/bench/<id> of a Table 3 run: teacher-forced τ of the drafters on its prompts")
+    p.add_argument("--tf-drafters", default="",
+                   help="comma-separated variants and/or NAME=DIR drafter folders for --tf-bench")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--mask-token-id", type=int, default=16, help="config target.mask_token_id")
@@ -279,6 +398,15 @@ def main(argv=None) -> None:
         res["engine"][",".join(names)] = engine_eval(target, res["variants"], names, data_root(a.data_root),
                                                      a.engine_prompts, a.engine_tokens,
                                                      a.engine_benchmarks.split(","))
+        res_path.write_text(json.dumps(res, indent=1))
+    if a.tf_bench:
+        dirs = {}
+        for item in [x for x in a.tf_drafters.split(",") if x]:
+            name, _, path = item.partition("=")
+            dirs[name] = path or str(ROOT / res["variants"][name]["drafter_dir"])
+        tf = teacher_forced_on_records(target, dirs, Path(a.tf_bench), data_root(a.data_root))
+        res.setdefault("teacher_forced", {}).update(
+            {n: {"bench_dir": _rel(a.tf_bench), "drafter_dir": _rel(dirs[n]), "benchmarks": v} for n, v in tf.items()})
         res_path.write_text(json.dumps(res, indent=1))
     write_report(res, out)
 
