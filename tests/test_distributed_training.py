@@ -9,13 +9,14 @@ process, so two ranks must train the same drafter as one process accumulating ov
 """
 
 import json
+import shutil
 
 import pytest
 import yaml
 from safetensors.torch import load_file
 
 from dscout import config as dcfg
-from tests.workflow import ROOT, copy_project, snakemake
+from tests.workflow import ROOT, jobs_of, snakemake
 
 SMOKE = ["config.yaml", "presets/smoke.yaml"]
 STEPS = 4
@@ -35,8 +36,11 @@ def _log(work, did):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    work = copy_project(tmp_path_factory.mktemp("ranks"))
+def runs(smoke_run, tmp_path_factory):
+    # a copy of the smoke run (copy2 keeps mtimes and .snakemake's records): its target, responses and feature
+    # caches are up to date, so only the trainings below run
+    work = tmp_path_factory.mktemp("ranks") / "work"
+    shutil.copytree(smoke_run[0], work, symlinks=True)
     two, did2 = _variant(work, "two_ranks", {"num_gpus": 2})
     one, did1 = _variant(work, "one_rank_gas2", {"num_gpus": 0, "gradient_accumulation_steps": 2})
     assert did1 != did2
@@ -47,6 +51,7 @@ def runs(tmp_path_factory):
                         env={"DSCOUT_CRASH_AFTER_STEP": "2"})
     # 2) the same command again: resumes from that checkpoint
     resumed = snakemake(target2, *args, str(two.name), cwd=work)
+    assert set(jobs_of(resumed.stdout + resumed.stderr)) == {"train_drafter"}, resumed.stdout[-3000:]
     # 3) one process, gradient accumulation over two micro-steps: the same global batch per update
     snakemake(f"results/drafters/{did1}/training_summary.json", *args, str(one.name), cwd=work)
     return work, did2, did1, crashed, resumed
