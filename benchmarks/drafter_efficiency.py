@@ -298,7 +298,8 @@ def write_report(res: dict, out: Path) -> None:
     ax[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(out / "offsets.png", dpi=110)
-    if res.get("teacher_forced") and any("max_steps" in r["overrides"] for r in v.values()):
+    steps_set = {"max_steps" in r["overrides"] for r in v.values()}
+    if res.get("teacher_forced") and steps_set == {True, False}:  # budget-timed runs give each recipe's s/step
         scaling_figure(res, out / "scaling.png")
 
 
