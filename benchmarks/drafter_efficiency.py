@@ -15,8 +15,13 @@ Usage (after ``snakemake --cores 2 <feature cache>`` has written the target and 
         --features results/features/<responses id>/<cache id> --out benchmarks/drafter_efficiency \
         --budget 150 --variants base,anchors64,... --engine base,best
 
-Writes ``results.json`` (every number), ``report.md`` (tables) and ``offsets.png`` to ``--out``; variants already
-in ``results.json`` are skipped, so an interrupted study resumes.
+A lever ``steps<N>`` (in ``--combine``) trains N updates instead of the time budget (training-time scaling).
+``--tf-bench results/bench/<id> --tf-drafters name,...,NAME=DIR`` adds the greedy τ that teacher forcing implies on
+a Table 3 run's own prompts (its AR outputs; no timing), the measure that tracks benchmark prompts rather than the
+training distribution.
+
+Writes ``results.json`` (every number), ``report.md`` (tables), ``offsets.png`` and, for a scaling run,
+``scaling.png`` to ``--out``; variants already in ``results.json`` are skipped, so an interrupted study resumes.
 """
 
 from __future__ import annotations
