@@ -59,6 +59,8 @@ VARIANTS: dict[str, tuple[dict, str]] = {
     "d3": ({"num_layers": 3}, "drafter depth d = 3"),
     "dflash_recipe": ({"recipe": "dflash"}, "the DFlash recipe (fixed B = 16, decay, all masked)"),
     "lr6e-4": ({"lr": 6e-4}, "learning rate 6e-4 (SpecForge's DFlash default)"),
+    "fc_last_tap": ({"options": {"fc_init": "last_tap"}},
+                    "fc passes the deepest tap through, hidden_norm = the first copied layer's input norm"),
 }
 
 
@@ -317,12 +319,16 @@ def scaling_figure(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     v, tf = res["variants"], res["teacher_forced"]
-    per_step = {r["overrides"].get("recipe", "dscout"): r["probe_step_seconds"]
-                for r in v.values() if "max_steps" not in r["overrides"]}
+    timed = {r["overrides"].get("recipe", "dscout"): r for r in v.values() if "max_steps" not in r["overrides"]}
+    per_step = {recipe: r["probe_step_seconds"] for recipe, r in timed.items()}
+
+    def same_levers(r, recipe):  # the timed run's levers, only the number of updates differs
+        return {k: x for k, x in r["overrides"].items() if k != "max_steps"} == timed[recipe]["overrides"]
+
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for recipe in sorted(per_step):
         pts = sorted((r["steps"] * per_step[recipe], _tau(r["heldout"], 16), n) for n, r in v.items()
-                     if r["overrides"].get("recipe", "dscout") == recipe)
+                     if r["overrides"].get("recipe", "dscout") == recipe and same_levers(r, recipe))
         ax[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=recipe)
         tpts = [(x, sum(_tau(s, 4) for s in tf[n]["benchmarks"].values()) / len(tf[n]["benchmarks"]))
                 for x, _, n in pts if n in tf]

@@ -134,3 +134,41 @@ def test_training_steps_flush_subnormals_then_restore_ieee(setup, tmp_path, monk
                           feature_cache=cache)
     assert seen == [0.0, 0.0, 0.0]  # every training step ran with subnormals flushed
     assert float(subnormal * 1.0) > 0.0  # and the process is back to IEEE arithmetic
+
+
+def test_fc_last_tap_init_gives_the_targets_own_context_at_step_0(setup):
+    """`options.fc_init: last_tap`: after prepare, c = hidden_norm(fc(taps)) is the normalised input the target's
+    layer L - d sees (the deepest tap passed through, the first copied layer's input norm); the default random
+    fc is not. A wrong slot, a missing tap-scale factor or the wrong norm fails it."""
+    t, _, cache = setup  # 4 layers, taps {1, 2, 3} cached; d = 1 copies layer 3, whose input is tap 2
+    norm = t.layers[3].input_layernorm.weight
+    saved = norm.detach().clone()
+    with torch.no_grad():  # a non-trivial norm scale (a fresh one is all ones), restored below
+        norm.copy_(torch.linspace(0.5, 2.0, norm.numel()).to(norm))
+    try:
+        _check_fc_init(t, cache)
+    finally:
+        with torch.no_grad():
+            norm.copy_(saved)
+
+
+def _check_fc_init(t, cache):
+    from dscout.training.methods import DFlashMethod
+
+    for fc_init, expect_equal in (("last_tap", True), ("random", False)):
+        cfg = _cfg(target_layer_ids=[1, 2], init_from_target=True, dtype="float32",
+                   options={"fc_init": fc_init})
+        method = DFlashMethod(cfg)
+        drafter = method.build(t)
+        source = FeatureCache(cache, [1, 2])
+        method.prepare(source, t)
+        taps = source.batch([0, 1], torch.float32).taps  # [b, S, 2 * D]
+        D = taps.shape[-1] // 2
+        with torch.no_grad():
+            c = drafter.fuse_context(taps)
+            want = t.layers[3].input_layernorm(taps[..., D:])
+        assert torch.allclose(c, want, atol=1e-4) is expect_equal, fc_init
+    method = DFlashMethod(_cfg(dtype="float32", options={"fc_init": "identity"}))
+    method.build(t)
+    with pytest.raises(ValueError, match="fc_init"):
+        method.prepare(FeatureCache(cache, [1, 3]), t)

@@ -60,6 +60,34 @@ def _init_from_target(drafter, target) -> None:
         layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
 
 
+@torch.no_grad()
+def _init_fc_from_last_tap(drafter, target) -> None:
+    """``fc`` passes the deepest tap through and ``hidden_norm`` takes the input norm of the first copied layer.
+
+    With the default taps and ``init_from_target`` (deepest tap ``L - d - 1``, drafter layers copied from
+    ``L - d .. L - 1``) the context ``c = hidden_norm(fc(taps))`` then equals the normalised input of target layer
+    ``L - d``: the first drafter layer's keys and values over the context are the target's own at step 0, and the
+    other taps start at zero weight. Call after :meth:`DFlashDrafter.set_tap_scale` (``W' = diag(s)`` on that slot).
+    Measured in ``benchmarks/drafter_efficiency/`` (no gain at 150 s); option ``options.fc_init: last_tap``.
+
+    Raises:
+        ValueError: if the drafter's hidden size differs from the target's (no identity to copy).
+    """
+    ids = list(drafter.config.target_layer_ids)
+    D = drafter.config.target_hidden_size
+    if drafter.fc.weight.shape[0] != D:
+        raise ValueError(f"fc_init 'last_tap' needs the drafter's hidden size ({drafter.fc.weight.shape[0]}) to equal "
+                         f"the target's ({D})")
+    slot = ids.index(max(ids))
+    w = drafter.fc.weight
+    w.zero_()
+    w[:, slot * D:(slot + 1) * D] = torch.diag(drafter.tap_scale[slot * D:(slot + 1) * D].to(w))
+    if drafter.fc.bias is not None:
+        drafter.fc.bias.zero_()
+    first = target.layers[target.num_layers - len(drafter.layers)]
+    drafter.hidden_norm.weight.copy_(first.input_layernorm.weight)
+
+
 class DFlashMethod:
     """Block-diffusion drafter with a named recipe (docs/method.md §3)."""
 
@@ -81,6 +109,11 @@ class DFlashMethod:
 
         probe = [source.batch([i], torch.float32, target.device) for i in range(min(len(source), 64))]
         self.model.set_tap_scale(tap_rms(probe))
+        fc_init = self.cfg.options.get("fc_init", "random")
+        if fc_init not in ("random", "last_tap"):
+            raise ValueError(f"options.fc_init must be 'random' or 'last_tap', got {fc_init!r}")
+        if fc_init == "last_tap":  # here, not in build(): W' depends on the tap scale (a resume loads W' after)
+            _init_fc_from_last_tap(self.model, target)
         if self.model.config.draft_vocab_size is not None:
             self.model.set_draft_vocab(response_token_counts(source, target.vocab_size))
 
