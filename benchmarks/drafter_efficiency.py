@@ -185,57 +185,14 @@ def engine_eval(target, results: dict, names: list[str], data_root: str, num_pro
 
 
 def teacher_forced_on_records(target, drafter_dirs: dict[str, str], bench_dir: Path, data_root: str) -> dict:
-    """Greedy τ implied on a Table 3 run's own prompts, without timing: every position of the AR output anchors a
-    fully masked block (the target's taps computed now over prompt + AR output, as a draft round sees them).
-
-    ``bench_dir`` is ``results/bench/<id>``; each ``<benchmark>/t0`` there gives the prompts (its
-    ``config.resolved.json``: counts, seed, chat) and ``r0/ar.jsonl`` the AR outputs (MT-Bench's second turn sees the
-    first turn's decoded answer, as in the runner). Returns ``{drafter: {benchmark: accuracy_and_tau summary}}``.
-    Raises AssertionError if a rebuilt prompt's length differs from the record's ``prompt_tokens``.
-    """
-    from dscout.data.benchmarks import load_benchmark
-    from dscout.data.prompts import chat_prompt_ids
-    from dscout.experiments.drafter_eval import accuracy_and_tau, offset_correctness
+    """:func:`dscout.experiments.drafter_eval.teacher_forced_on_bench_records` for each drafter folder."""
+    from dscout.experiments.drafter_eval import teacher_forced_on_bench_records
     from dscout.models.export import load_dflash_checkpoint
-    from dscout.training.features import online_batch
 
-    class _Online:  # the drafter_eval source protocol over sequences whose taps the target computes now
-        def __init__(self, seqs, layer_ids):
-            self.seqs, self.layer_ids = seqs, layer_ids
-
-        def batch(self, idx, dtype, device):
-            b = online_batch(target, [self.seqs[i] for i in idx], self.layer_ids)
-            b.taps = b.taps.to(device, dtype)
-            return b
-
-    tok = target.tokenizer
-    per_bench = {}
-    for t0 in sorted(Path(bench_dir).glob("*/t0")):
-        stage = json.loads((t0 / "config.resolved.json").read_text())["stage_config"]
-        bench, b = t0.parent.name, stage["benchmarks"]
-        chat = stage["chat"]
-        prompts = load_benchmark(bench, data_root, b["num_prompts"][bench], seed=b["seed"])
-        recs = [json.loads(l) for l in (t0 / "r0" / "ar.jsonl").read_text().splitlines()]
-        seqs = []
-        for p in prompts:
-            history = []
-            for turn, text in enumerate(p.turns):
-                r = next(x for x in recs if x["prompt_id"] == p.prompt_id and x["turn"] == turn)
-                out = json.loads(r["output_ids"]) if isinstance(r["output_ids"], str) else r["output_ids"]
-                msgs = history + [{"role": "user", "content": text}]
-                ids = chat_prompt_ids(tok, msgs, chat.get("system_prompt"), chat.get("enable_thinking"))
-                assert len(ids) == r["prompt_tokens"], (bench, p.prompt_id, turn, len(ids), r["prompt_tokens"])
-                seqs.append({"input_ids": ids + out, "loss_mask": [0] * len(ids) + [1] * len(out)})
-                history = msgs + [{"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)}]
-        per_bench[bench] = seqs
     out = {}
     for name, path in drafter_dirs.items():
         drafter = load_dflash_checkpoint(path, dtype=target.dtype).attach_target(target)
-        out[name] = {}
-        for bench, seqs in per_bench.items():
-            src = _Online(seqs, list(drafter.config.target_layer_ids))
-            ok = offset_correctness(drafter, src, list(range(len(seqs))), block_size=16)
-            out[name][bench] = accuracy_and_tau(ok, (2, 4, 8, 16))
+        out[name] = teacher_forced_on_bench_records(target, drafter, bench_dir, data_root, (2, 4, 8, 16))
         print(f"  teacher-forced {name}: " + ", ".join(f"{b} {_tau(s, 4):.2f}" for b, s in out[name].items()),
               flush=True)
     return out

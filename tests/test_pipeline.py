@@ -384,3 +384,38 @@ def test_dag_jobs_and_ids_equal_the_snapshot(name):
     want = (ROOT / "tests" / "snapshots" / f"dag_{name}.tsv").read_text().splitlines()
     missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
     assert not missing and not extra, f"jobs missing: {missing[:10]}\njobs new: {extra[:10]}"
+
+
+@pytest.mark.slow
+def test_teacher_forced_tau_rebuilds_the_runs_prompts(smoke_run, tmp_path):
+    """`teacher_forced_on_bench_records` on the smoke run's records: every temperature-0 benchmark, one block per
+    AR output position with a next token, τ(bs) in [1, bs] and non-decreasing; a record whose prompt length the
+    rebuilt chat does not match is refused with the file, prompt and turn named."""
+    import shutil
+
+    from dscout.cli import load_target
+    from dscout.experiments.drafter_eval import bench_record_sequences, teacher_forced_on_bench_records
+    from dscout.models.export import load_dflash_checkpoint
+
+    work, _ = smoke_run
+    data = os.environ.get("DSCOUT_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
+    target = load_target(str(next((work / "results/target").glob("*/target.json")).parent))
+    drafter = load_dflash_checkpoint(next((work / "results/drafters").glob("dscout-*")), dtype=target.dtype)
+    drafter.attach_target(target)
+    bench_dir = next((work / "results/bench").iterdir())
+    seqs = bench_record_sequences(target, bench_dir, data)
+    summary = teacher_forced_on_bench_records(target, drafter, bench_dir, data, (2, 4, 8))
+    assert set(summary) == set(seqs) == {p.parent.name for p in bench_dir.glob("*/t0")} and len(summary) == 6
+    for bench, s in summary.items():
+        assert s["blocks"] == sum(sum(q["loss_mask"]) - 1 for q in seqs[bench]) > 0
+        taus = [s["tau"][bs] for bs in (2, 4, 8)]
+        assert all(1 <= tau <= bs for tau, bs in zip(taus, (2, 4, 8))) and taus == sorted(taus)
+    assert len(seqs["mt_bench"]) == 2 * len(seqs["gsm8k"])  # MT-Bench: two turns per prompt
+    copy = tmp_path / "bench"
+    shutil.copytree(bench_dir, copy)
+    path = copy / "gsm8k" / "t0" / "r0" / "ar.jsonl"
+    recs = [json.loads(l) for l in path.read_text().splitlines()]
+    recs[0]["prompt_tokens"] += 1
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(ValueError, match=r"ar\.jsonl: prompt .* turn 0 rebuilds to"):
+        bench_record_sequences(target, copy, data)

@@ -8,10 +8,15 @@ would accept from that anchor, so ``τ(bs) = 1 + E[min(prefix, bs - 1)]`` is the
 averaged over anchor positions (the engine visits only the anchors its own rounds land on; the two agree up to
 that sampling). Blocks that run past the end of a response count the missing offsets as rejections.
 
-Used by ``benchmarks/drafter_efficiency.py`` to compare training levers at equal CPU time without timing noise.
+:func:`teacher_forced_on_bench_records` does the same on a Table 3 run's own prompts and AR outputs, the measure
+that follows benchmark prompts rather than the training distribution. Used by ``benchmarks/drafter_efficiency.py``
+to compare training levers at equal CPU time without timing noise.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -71,3 +76,81 @@ def accuracy_and_tau(correct: torch.Tensor, block_sizes=(4, 8, 16)) -> dict:
     taus = {int(bs): float(1 + prefix.clamp(max=bs - 1).float().mean()) for bs in block_sizes
             if bs - 1 <= correct.shape[1]}
     return {"offset_accuracy": acc, "tau": taus, "blocks": int(len(correct))}
+
+
+class _OnlineSource:
+    """The :func:`offset_correctness` source protocol over sequences whose taps the target computes on demand."""
+
+    def __init__(self, target, sequences: list[dict], layer_ids: list[int]):
+        self.target, self.sequences, self.layer_ids = target, sequences, layer_ids
+
+    def batch(self, indices: list[int], dtype: torch.dtype, device):
+        from ..training.features import online_batch
+
+        b = online_batch(self.target, [self.sequences[i] for i in indices], self.layer_ids)
+        b.taps = b.taps.to(device, dtype)
+        return b
+
+
+def bench_record_sequences(target, bench_dir, data_root) -> dict[str, list[dict]]:
+    """Prompt + AR output of every temperature-0 prompt (and turn) of a benchmark run, as training-style sequences.
+
+    ``bench_dir`` is ``results/bench/<id>``: each ``<benchmark>/t0`` gives the prompts (its ``config.resolved.json``:
+    counts, seed, chat settings) and ``r0/ar.jsonl`` the AR outputs. A later turn sees the earlier turns' decoded
+    answers, as in :func:`dscout.evaluation.runner.run_benchmark`.
+
+    Returns:
+        ``{benchmark: [{"input_ids": prompt + output, "loss_mask": 0 on the prompt, 1 on the output}]}``.
+    Raises:
+        ValueError: a rebuilt prompt whose length differs from its record's ``prompt_tokens`` (names the file,
+            prompt and turn), or a run without temperature-0 records.
+    """
+    from ..data.benchmarks import load_benchmark
+    from ..data.prompts import chat_prompt_ids
+
+    tok = target.tokenizer
+    out = {}
+    for t0 in sorted(Path(bench_dir).glob("*/t0")):
+        stage = json.loads((t0 / "config.resolved.json").read_text())["stage_config"]
+        bench, b, chat = t0.parent.name, stage["benchmarks"], stage["chat"]
+        count = b["num_prompts"][bench] if isinstance(b["num_prompts"], dict) else b["num_prompts"]
+        prompts = load_benchmark(bench, data_root, count, seed=b["seed"])
+        path = t0 / "r0" / "ar.jsonl"
+        recs = {(r["prompt_id"], r["turn"]): r for r in map(json.loads, path.read_text().splitlines())}
+        seqs = []
+        for p in prompts:
+            history = []
+            for turn, text in enumerate(p.turns):
+                r = recs[(p.prompt_id, turn)]
+                output = json.loads(r["output_ids"]) if isinstance(r["output_ids"], str) else r["output_ids"]
+                messages = history + [{"role": "user", "content": text}]
+                ids = chat_prompt_ids(tok, messages, chat.get("system_prompt"), chat.get("enable_thinking"))
+                if len(ids) != r["prompt_tokens"]:
+                    raise ValueError(f"{path}: prompt {p.prompt_id} turn {turn} rebuilds to {len(ids)} tokens, the "
+                                     f"record says prompt_tokens = {r['prompt_tokens']} (other data or template?)")
+                seqs.append({"input_ids": ids + output, "loss_mask": [0] * len(ids) + [1] * len(output)})
+                history = messages + [{"role": "assistant", "content": tok.decode(output, skip_special_tokens=True)}]
+        out[bench] = seqs
+    if not out:
+        raise ValueError(f"{bench_dir}: no <benchmark>/t0 records")
+    return out
+
+
+def teacher_forced_on_bench_records(target, drafter, bench_dir, data_root, block_sizes=(4, 8, 16)) -> dict:
+    """Per-benchmark :func:`accuracy_and_tau` of ``drafter`` on a Table 3 run's prompts, without timing.
+
+    Every position of each AR output anchors one fully masked block of ``min(16, drafter horizon)`` tokens (the
+    target's taps computed now over prompt + output, :func:`bench_record_sequences`). Greedy τ(bs) read this way is
+    what the engine would accept averaged over all anchors, not only the ones its rounds land on.
+
+    Returns:
+        ``{benchmark: {"offset_accuracy", "tau", "blocks"}}``.
+    """
+    per_bench = bench_record_sequences(target, bench_dir, data_root)
+    B = min(16, drafter.config.block_size)
+    out = {}
+    for bench, seqs in per_bench.items():
+        source = _OnlineSource(target, seqs, list(drafter.config.target_layer_ids))
+        correct = offset_correctness(drafter, source, list(range(len(seqs))), block_size=B)
+        out[bench] = accuracy_and_tau(correct, [bs for bs in block_sizes if bs <= B])
+    return out
