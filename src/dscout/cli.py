@@ -168,16 +168,15 @@ def cmd_bench(a):
     from dscout.evaluation.methods import build_methods, typical_context_tokens
     from dscout.evaluation.runner import run_benchmark, write_records
     from dscout.config import write_resolved
-    from dscout.data.benchmarks import load_benchmark
+    from dscout.data.benchmarks import stage_prompts
     from dscout.data.paths import data_root
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
     target = load_target(a.target)
     b = st["benchmarks"]
-    n = b["num_prompts"] if isinstance(b["num_prompts"], int) else b["num_prompts"].get(a.benchmark, 2)
     max_new = b["max_new_tokens"] if isinstance(b["max_new_tokens"], int) else b["max_new_tokens"].get(a.benchmark, 64)
-    prompts = load_benchmark(a.benchmark, data_root(a.data_root), n, seed=b["seed"])
+    prompts = stage_prompts(b, a.benchmark, data_root(a.data_root))
     drafter_dirs = dict(kv.split("=", 1) for kv in (a.drafter or []))
     stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
     first_turns = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": p.turns[0]}],

@@ -207,5 +207,14 @@ def load_benchmark(name: str, root, num_prompts: int | None = None, seed: int = 
     return [items[i] for i in order]
 
 
+def stage_prompts(bench_stage: dict, name: str, root) -> list[BenchmarkPrompt]:
+    """The prompts a benchmark job decodes, from its stage's ``benchmarks`` section (``num_prompts``: one count, or
+    a count per benchmark, 2 where a benchmark is missing; ``seed``). The bench stage and every reader of its
+    records (e.g. :func:`dscout.experiments.drafter_eval.bench_record_sequences`) go through here."""
+    n = bench_stage["num_prompts"]
+    n = n if isinstance(n, int) else n.get(name, 2)
+    return load_benchmark(name, root, n, seed=bench_stage["seed"])
+
+
 __all__ = ["BENCHMARKS", "Benchmark", "BenchmarkPrompt", "benchmark_rows", "get_benchmark", "load_benchmark",
-           "MATH_SUFFIX"]
+           "stage_prompts", "MATH_SUFFIX"]

@@ -105,7 +105,7 @@ def bench_record_sequences(target, bench_dir, data_root) -> dict[str, list[dict]
         ValueError: a rebuilt prompt whose length differs from its record's ``prompt_tokens`` (names the file,
             prompt and turn), or a run without temperature-0 records.
     """
-    from ..data.benchmarks import load_benchmark
+    from ..data.benchmarks import stage_prompts
     from ..data.prompts import chat_prompt_ids
 
     tok = target.tokenizer
@@ -113,8 +113,7 @@ def bench_record_sequences(target, bench_dir, data_root) -> dict[str, list[dict]
     for t0 in sorted(Path(bench_dir).glob("*/t0")):
         stage = json.loads((t0 / "config.resolved.json").read_text())["stage_config"]
         bench, b, chat = t0.parent.name, stage["benchmarks"], stage["chat"]
-        count = b["num_prompts"][bench] if isinstance(b["num_prompts"], dict) else b["num_prompts"]
-        prompts = load_benchmark(bench, data_root, count, seed=b["seed"])
+        prompts = stage_prompts(b, bench, data_root)
         path = t0 / "r0" / "ar.jsonl"
         recs = {(r["prompt_id"], r["turn"]): r for r in map(json.loads, path.read_text().splitlines())}
         seqs = []
