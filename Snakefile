@@ -5,12 +5,16 @@
 #   snakemake --profile profiles/slurm --configfile presets/paper.yaml --sdm conda   # GPU cluster
 #   snakemake results/tables/table3.md                      # one artifact (and only what it needs)
 
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# the project's defaults, beside this Snakefile (also under `snakemake -s <project>/Snakefile -d <elsewhere>`);
+# --configfile files merge over it
+configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
 include: "rules/common.smk"

@@ -14,7 +14,8 @@ from dscout.data import fetch as dcfg_fetch  # noqa: E402
 
 validate(config, "../schemas/config.schema.yaml")
 dcfg._check_references(config)
-dcfg.check_plan(config, "the merged config files")  # block sizes vs horizons, mask id vs vocabulary, data files
+# block sizes vs horizons, mask id vs vocabulary, data files (a relative data_root: relative to this project)
+dcfg.check_plan(config, "the merged config files", project_dir=workflow.basedir)
 
 # Every id wildcard is one path component (a readable name plus a hash); benchmarks are the registry's names; a
 # concurrency level is a number. Rule-specific constraints (the temperature split of benchmark /
@@ -34,7 +35,9 @@ wildcard_constraints:
 # relative to the working directory: a rule parameter, so an absolute path would rerun everything when the
 # project is moved or copied
 CLI = os.path.relpath(Path(workflow.basedir) / "src" / "dscout" / "cli.py")
-DATA_ROOT = config["data_root"]
+# the data mirror: a relative data_root is relative to the project (the folder of the Snakefile and config.yaml),
+# wherever snakemake runs; jobs get it relative to the working directory (moving both together reruns nothing)
+DATA_ROOT = os.path.relpath(dcfg_fetch.data_root(config["data_root"], workflow.basedir))
 NUM_TARGET_LAYERS = config["target"]["num_layers"]
 TARGET_ID = dcfg.target_id(config)
 RESPONSES_ID = dcfg.responses_id(config)

@@ -106,8 +106,11 @@ def provided_modules(name: str) -> set[str]:
 
 def rule_envs(configfiles: list[str], cwd: Path = ROOT) -> dict[str, list[str]]:
     """CLI subcommand -> env names of the rules that run it, for the config made of ``configfiles``."""
+    from tests.workflow import snakemake_env  # (workflow imports this module)
+
+    # loading the workflow runs its plan check: in a copy of the project the data mirror is this checkout's
     r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "rule-envs", *configfiles], cwd=cwd,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, env=snakemake_env())
     if r.returncode != 0:
         raise AssertionError(r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])

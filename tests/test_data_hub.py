@@ -2,7 +2,6 @@
 loaded by the very call that reads the hub), ``fetch-data`` writing a mirror, and the offline message."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +13,9 @@ from dscout.config import check_plan, load_config
 from dscout.data.benchmarks import benchmark_rows, get_benchmark, load_benchmark
 from dscout.data.hub import DataUnavailable, hub_reachable, load_mirror_rows
 from dscout.data.prompts import load_training_prompts
-from tests.workflow import copy_project, snakemake
+from tests.workflow import DATA, copy_project, snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("DSCOUT_DATA_ROOT", ROOT.parent / "shared" / "data"))
 
 
 def _mirror_rows(rel: str, n: int) -> list[dict]:
@@ -132,3 +130,54 @@ def test_fetch_data_target_writes_the_mirror_a_config_needs(hub_dir):
     r = snakemake("fetch_data", "-n", "--configfile", "config.yaml", "small.yaml", cwd=hub_dir,
                   env={"DSCOUT_DATA_ROOT": str(mirror)})
     assert "Nothing to be done" in r.stdout + r.stderr
+
+
+def test_offline_plan_check_reads_datasets_cache(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE=1 (cluster compute nodes): a source without a mirror file must be in datasets' cache, where
+    load_dataset looks offline; the check refuses, naming the files and the cache, when it is not. The cache layout
+    is checked against datasets' own offline lookup (CachedDatasetModuleFactory)."""
+    from datasets.load import CachedDatasetModuleFactory
+
+    from dscout.data.benchmarks import BENCHMARKS
+    from dscout.data.hub import offline_cached
+
+    cache = tmp_path / "datasets-cache"
+    cache.mkdir()
+    monkeypatch.setenv("DSCOUT_DATA_ROOT", str(tmp_path / "no-mirror"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    cfg = load_config(ROOT / "config.yaml")
+    with pytest.raises(ValueError, match=rf"HF_HUB_OFFLINE is set and datasets' cache \({cache}\) holds no copy "
+                                         r".*benchmark gsm8k \(openai/gsm8k.*needs .*gsm8k/test.jsonl"):
+        check_plan(cfg, "config.yaml")
+    gsm8k = BENCHMARKS["gsm8k"].hub
+    with pytest.raises(FileNotFoundError):
+        CachedDatasetModuleFactory(gsm8k.path, cache_dir=str(cache)).get_module()
+    assert not offline_cached(gsm8k, cache)
+    # what `load_dataset(...)` leaves in the cache: <namespace>___<name>/<config>/<version>/<hash>/
+    (cache / "openai___gsm8k" / "main" / "0.0.0" / "a1b2c3").mkdir(parents=True)
+    CachedDatasetModuleFactory(gsm8k.path, cache_dir=str(cache)).get_module()  # datasets finds it offline ...
+    assert offline_cached(gsm8k, cache)  # ... and so does the plan check
+    assert not offline_cached(type(gsm8k)(gsm8k.path, "socratic", "test"), cache)  # another config is not there
+    with pytest.raises(ValueError) as err:
+        check_plan(cfg, "config.yaml")
+    assert "gsm8k/test.jsonl" not in str(err.value) and "math500" in str(err.value)
+
+
+def test_no_mirror_and_a_reachable_hub_plans(tmp_path, monkeypatch):
+    """Without a mirror, a machine that reaches the hub plans (the sources load from their hub copies): the hub is
+    simulated by a listening socket on loopback, which is all the plan check's probe opens."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        monkeypatch.setenv("DSCOUT_DATA_ROOT", str(tmp_path / "no-mirror"))
+        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            monkeypatch.delenv(var, raising=False)
+        assert hub_reachable()
+        check_plan(load_config(ROOT / "config.yaml"), "config.yaml")  # raises on any problem
+    assert not hub_reachable()  # the same config without the hub stops, naming the files
+    with pytest.raises(ValueError, match=r"the hub cannot be reached .*gsm8k/test.jsonl"):
+        check_plan(load_config(ROOT / "config.yaml"), "config.yaml")

@@ -12,6 +12,7 @@ import json
 import shutil
 
 import pytest
+import torch
 import yaml
 from safetensors.torch import load_file
 
@@ -35,6 +36,35 @@ def _log(work, did):
     return [json.loads(l) for l in (work / "results" / "drafters" / did / "train_log.jsonl").read_text().splitlines()]
 
 
+def _stopped_by_sigterm(work, did, target, args, after_step, signal_launcher):
+    """Run the rule's command through Snakemake, pause the training after ``after_step`` (test hook), send a real
+    SIGTERM from outside — to DeepSpeed's launcher (which forwards it to its ranks) or to the training process —
+    and return the finished Snakemake call."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.workflow import snakemake_env
+
+    paused = work / "results" / "checkpoints" / "drafters" / did / "paused.json"
+    paused.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", target, *args], cwd=work, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=snakemake_env({"DSCOUT_TEST_PAUSE_AFTER_STEP": str(after_step)}))
+    deadline = time.monotonic() + 600
+    while not paused.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "training ended before its pause"
+        time.sleep(0.2)
+    time.sleep(0.2)  # the file is written before the wait loop starts
+    info = json.loads(paused.read_text())
+    os.kill(info["ppid"] if signal_launcher else info["pid"], signal.SIGTERM)
+    out, _ = proc.communicate(timeout=600)
+    proc.stdout_text = out
+    return proc
+
+
 @pytest.fixture(scope="module")
 def runs(smoke_run, tmp_path_factory):
     # a copy of the smoke run (copy2 keeps mtimes and .snakemake's records): its target, responses and feature
@@ -45,31 +75,43 @@ def runs(smoke_run, tmp_path_factory):
     one, did1 = _variant(work, "one_rank_gas2", {"num_gpus": 0, "gradient_accumulation_steps": 2})
     assert did1 != did2
     target2 = f"results/drafters/{did2}/training_summary.json"
+    target1 = f"results/drafters/{did1}/training_summary.json"
     args = ["--cores", "2", "--configfile", "presets/smoke.yaml"]  # targets go before it (it takes a list)
-    # 1) two ranks, killed after step 2 (a checkpoint was written at step 2 by both ranks)
-    crashed = snakemake(target2, *args, str(two.name), cwd=work, check=False,
-                        env={"DSCOUT_CRASH_AFTER_STEP": "2"})
-    # 2) the same command again: resumes from that checkpoint
+    # 1) two ranks, SIGTERM to the launcher after the first update (not a checkpoint step: checkpoint_every 2)
+    stopped2 = _stopped_by_sigterm(work, did2, target2, [*args, str(two.name)], 0, signal_launcher=True)
+    ckpt2 = sorted(p.name for p in (work / "results/checkpoints/drafters" / did2 / "checkpoints").glob("step*"))
+    # 2) the same command again: resumes from the checkpoint the signal wrote
     resumed = snakemake(target2, *args, str(two.name), cwd=work)
     assert set(jobs_of(resumed.stdout + resumed.stderr)) == {"train_drafter"}, resumed.stdout[-3000:]
-    # 3) one process, gradient accumulation over two micro-steps: the same global batch per update
-    snakemake(f"results/drafters/{did1}/training_summary.json", *args, str(one.name), cwd=work)
-    return work, did2, did1, crashed, resumed
+    # 3) one process, gradient accumulation over two micro-steps (the same global batch per update), SIGTERM to the
+    #    training process after its third update, resumed; then the same run uninterrupted, from scratch
+    stopped1 = _stopped_by_sigterm(work, did1, target1, [*args, str(one.name)], 2, signal_launcher=False)
+    ckpt1 = sorted(p.name for p in (work / "results/checkpoints/drafters" / did1 / "checkpoints").glob("step*"))
+    stopped1.job_log = (work / "results" / "logs" / "train_drafter" / f"{did1}.log").read_text()
+    snakemake(target1, *args, str(one.name), cwd=work)
+    interrupted = load_file(str(work / "results" / "drafters" / did1 / "model.safetensors"))
+    summary1 = json.loads((work / "results" / "drafters" / did1 / "training_summary.json").read_text())
+    shutil.rmtree(work / "results" / "drafters" / did1)
+    shutil.rmtree(work / "results" / "checkpoints" / "drafters" / did1)
+    snakemake(target1, *args, str(one.name), cwd=work)
+    return dict(work=work, did2=did2, did1=did1, stopped2=stopped2, stopped1=stopped1, ckpt1=ckpt1, ckpt2=ckpt2,
+                interrupted1=interrupted, summary1=summary1)
 
 
 def test_rule_launches_deepspeed_with_two_ranks(runs):
-    work, did2, _, crashed, _ = runs
+    work, did2, stopped = runs["work"], runs["did2"], runs["stopped2"]
     log = (work / "results" / "logs" / "train_drafter" / f"{did2}.log").read_text()
     assert "deepspeed.launcher.launch" in log or "--local_rank=1" in log  # the launcher started the ranks
-    assert crashed.returncode != 0  # the simulated kill failed the job ...
-    assert (work / "results" / "checkpoints" / "drafters" / did2 / "checkpoints" / "step2").is_dir()  # ... kept
+    assert stopped.returncode != 0  # the signal failed the job ...
+    # ... after both ranks saved the update in progress (step 1 is no checkpoint_every step)
+    assert runs["ckpt2"] == ["step1"]
 
 
 def test_two_ranks_draw_disjoint_data_and_resume(runs):
-    work, did2, _, _, _ = runs
+    work, did2 = runs["work"], runs["did2"]
     summary = json.loads((work / "results" / "drafters" / did2 / "training_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == STEPS
-    assert summary["resumed_from_step"] == 2
+    assert summary["resumed_from_step"] == 1
     log = _log(work, did2)
     assert [r["step"] for r in log] == list(range(STEPS))
     for rec in log:
@@ -77,8 +119,25 @@ def test_two_ranks_draw_disjoint_data_and_resume(runs):
         assert len(r0) == len(r1) == 1 and not set(r0) & set(r1)
 
 
+def test_sigterm_saves_the_current_step_and_the_rerun_ends_identical(runs):
+    """SIGTERM to the training process (SLURM's preemption / time-limit signal) writes a checkpoint at the update
+    in progress and exits non-zero; the rerun resumes there and ends with the weights of an uninterrupted run."""
+    work, did1 = runs["work"], runs["did1"]
+    stopped = runs["stopped1"]
+    assert stopped.returncode != 0
+    assert "training stopped by SIGTERM after step 3: checkpoint step3 saved" in stopped.job_log
+    assert runs["ckpt1"] == ["step3"]  # not a checkpoint_every (2) step: saved because of the signal
+    assert runs["summary1"]["resumed_from_step"] == 3 and runs["summary1"]["steps"] == STEPS
+    fresh = json.loads((work / "results" / "drafters" / did1 / "training_summary.json").read_text())
+    assert fresh["resumed_from_step"] == 0
+    again = load_file(str(work / "results" / "drafters" / did1 / "model.safetensors"))
+    assert again.keys() == runs["interrupted1"].keys()
+    for k in again:
+        assert torch.equal(again[k], runs["interrupted1"][k]), k
+
+
 def test_two_ranks_equal_one_process_accumulating_two_micro_steps(runs):
-    work, did2, did1, _, _ = runs
+    work, did2, did1 = runs["work"], runs["did2"], runs["did1"]
     log2, log1 = _log(work, did2), _log(work, did1)
     assert [r["sample_ids"] for r in log2] == [r["sample_ids"] for r in log1]  # same global batches
     for a, b in zip(log2, log1):

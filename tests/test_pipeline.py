@@ -12,7 +12,7 @@ import yaml
 
 from dscout import config as dcfg
 
-from tests.workflow import PAPER_DATA_ENV, ROOT, SNAPSHOTS, dag_outputs, import_guard_env, jobs_of as _jobs, snakemake
+from tests.workflow import DATA, PAPER_DATA_ENV, ROOT, SNAPSHOTS, dag_outputs, import_guard_env, jobs_of as _jobs, snakemake
 
 
 def load(*presets):
@@ -219,7 +219,7 @@ def test_lm_eval_decodes_a_task_through_the_speculative_engine(block_size, smoke
     work, _ = smoke_run
     target = next((work / "results/target").glob("*/target.json")).parent
     drafter = next(d for d in (work / "results/drafters").glob("dscout-*") if (d / "model.safetensors").exists())
-    data = os.environ.get("DSCOUT_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
+    data = str(DATA)
     r = subprocess.run([sys.executable, "-m", "dscout.lmeval_model", "--mirror", data, "--model", "dscout",
                         "--model_args", f"target={target},drafter={drafter},block_size={block_size},threads=1",
                         "--tasks", "gsm8k_mirror", "--limit", "2", "--num_fewshot", "0",
@@ -398,7 +398,7 @@ def test_teacher_forced_tau_rebuilds_the_runs_prompts(smoke_run, tmp_path):
     from dscout.models.export import load_dflash_checkpoint
 
     work, _ = smoke_run
-    data = os.environ.get("DSCOUT_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
+    data = str(DATA)
     target = load_target(str(next((work / "results/target").glob("*/target.json")).parent))
     drafter = load_dflash_checkpoint(next((work / "results/drafters").glob("dscout-*")), dtype=target.dtype)
     drafter.attach_target(target)

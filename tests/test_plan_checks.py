@@ -1,12 +1,14 @@
 """Mistakes that only the combination of config values shows stop the plan before any job, naming the key."""
 
 import copy
+import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dscout import config as dcfg
-from tests.workflow import PAPER_DATA_ENV, ROOT, snakemake
+from tests.workflow import DATA, PAPER_DATA_ENV, ROOT, copy_project, snakemake
 
 
 def _base():
@@ -33,6 +35,8 @@ def test_check_plan_names_the_key(patch, message, monkeypatch):
     if "data_root" in patch:
         monkeypatch.delenv("DSCOUT_DATA_ROOT", raising=False)
         monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # no hub either, even on a machine that has one
+        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # (offline, the check would read datasets' cache)
+            monkeypatch.delenv(var, raising=False)
     cfg = dcfg.deep_merge(_base(), patch)
     with pytest.raises(ValueError, match=message):
         dcfg.check_plan(cfg)
@@ -74,3 +78,49 @@ def test_smoke_preset_trains_every_drafter_a_handful_of_steps():
     cfg = dcfg.load_config(ROOT / "config.yaml", ROOT / "presets" / "smoke.yaml")
     for name in cfg["drafters"]:
         assert dcfg.drafter_variant(cfg, name)["training"]["max_steps"] <= 6, name
+
+
+def test_a_relative_data_root_is_relative_to_the_project(tmp_path, monkeypatch):
+    """config.yaml's ``../shared/data`` means beside the project (the folder of config.yaml), wherever Snakemake
+    runs: a copy of the project with a mirror beside it plans from another working directory; a copy without one
+    stops with the absolute path it looked at."""
+    from dscout.data.paths import data_root
+
+    monkeypatch.delenv("DSCOUT_DATA_ROOT", raising=False)
+    assert data_root("../shared/data", tmp_path / "proj") == tmp_path / "shared" / "data"
+    assert data_root("/abs/data", tmp_path / "proj") == Path("/abs/data")
+    monkeypatch.setenv("DSCOUT_DATA_ROOT", str(tmp_path / "elsewhere"))  # the variable wins
+    assert data_root("../shared/data", tmp_path / "proj") == tmp_path / "elsewhere"
+
+    beside, alone, other = tmp_path / "a" / "proj", tmp_path / "b" / "proj", tmp_path / "other"
+    for p in (beside, alone, other):
+        p.mkdir(parents=True)
+    copy_project(beside)
+    copy_project(alone)
+    (tmp_path / "a" / "shared").mkdir()
+    (tmp_path / "a" / "shared" / "data").symlink_to(DATA)
+    env = {"DSCOUT_DATA_ROOT": "", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": ""}
+    ok = snakemake("-n", "--cores", "1", "-s", str(beside / "Snakefile"), "-d", str(other),
+                   "--configfile", str(beside / "presets" / "smoke.yaml"), cwd=other, env=env)
+    assert "Job stats" in ok.stdout + ok.stderr
+    r = snakemake("-n", "--cores", "1", "--configfile", "presets/smoke.yaml", cwd=alone, env=env, check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "Job stats" not in out
+    assert f"have no mirror file under {tmp_path / 'b' / 'shared' / 'data'} (from config key data_root)" in out
+
+
+def test_readme_test_command_is_what_ci_runs():
+    """.ci/run installs with README step 1 (less its final `snakemake --cores all`) and runs README step 2 verbatim,
+    with no environment variable of its own: CI runs what the README tells a user to run."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(commands) == 2, commands
+    setup, tests = commands
+    install, _, main_job = setup.rpartition(" && ")
+    assert main_job == "snakemake --cores all"
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert install in ci and tests in ci
+    assert ci.index(install) < ci.index(tests)
+    code = [line for line in ci if line and not line.startswith("#")]
+    assert not [line for line in code if line.startswith("export") or re.match(r"^[A-Z_]+=", line)], code

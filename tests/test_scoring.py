@@ -1,16 +1,13 @@
 """Task scorers (lm-eval's task definitions and metrics) and benchmark loaders (real mirror files: ../shared/data)."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from dscout.evaluation.scoring import extract_gsm8k_answer, score, score_humaneval, score_math500, score_mbpp
 from dscout.data.benchmarks import BENCHMARKS, load_benchmark
 from dscout.data.prompts import load_training_prompts
-
-DATA = Path(os.environ.get("DSCOUT_DATA_ROOT", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from tests.workflow import DATA
 
 
 def test_gsm8k_is_lm_evals_flexible_extract_exact_match():

@@ -7,23 +7,47 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("DSCOUT_DATA_ROOT", ROOT.parent / "shared" / "data"))
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# The paper preset trains on Open-PerfectBlend, which a cluster reads from the hub (or its datasets cache) and this
-# offline machine has no copy of; HF_HUB_OFFLINE=1 is how a user says "the datasets cache holds it", so the plan
-# check does not require a mirror file for it. Planning the paper preset here sets it.
-PAPER_DATA_ENV = {"HF_HUB_OFFLINE": "1"}
+
+
+def project_data_root() -> Path:
+    """The data mirror this checkout's workflow reads: ``$DSCOUT_DATA_ROOT``, else config.yaml's ``data_root``
+    relative to the project (the same rule as the Snakefile's)."""
+    import yaml
+
+    from dscout.data.paths import data_root
+
+    return data_root(yaml.safe_load((ROOT / "config.yaml").read_text())["data_root"], ROOT)
+
+
+DATA = project_data_root()
+# The paper preset trains on Open-PerfectBlend, which a cluster reads from the hub or, offline, from datasets'
+# cache; this machine has neither. Planning the paper preset here says "offline, and datasets' cache holds it":
+# HF_HUB_OFFLINE=1 with a cache folder that has Open-PerfectBlend's entry where load_dataset looks for it offline
+# (<cache>/mlabonne___open-perfectblend/<config>/<version>/<hash>/; tests/test_data_hub.py checks the layout
+# against datasets' own lookup). The entry is empty: planning reads no rows.
+PAPER_DATASETS_CACHE = ROOT / ".cache" / "paper-plan-datasets-cache"
+(PAPER_DATASETS_CACHE / "mlabonne___open-perfectblend" / "default" / "0.0.0" / "plan-only").mkdir(parents=True,
+                                                                                                   exist_ok=True)
+PAPER_DATA_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(PAPER_DATASETS_CACHE)}
 PROJECT_FILES = ["Snakefile", "config.yaml", "rules", "schemas", "src", "configs", "presets", "envs", "report",
                  "profiles"]
 
 
-def snakemake(*args, cwd=ROOT, check=True, timeout=900, env=None):
-    """``python -m snakemake ARGS`` in ``cwd``; raises AssertionError with the output tail if it fails."""
-    env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA), "PYTHONUNBUFFERED": "1", **(env or {})}
+def snakemake_env(extra: dict | None = None) -> dict:
+    """The environment of a Snakemake call in a copy of the project: this checkout's data mirror (a copy lies
+    elsewhere, so the project-relative default would not find it), no rendezvous variables of an in-process
+    training test, then ``extra``."""
+    env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA), "PYTHONUNBUFFERED": "1", **(extra or {})}
     for var in DIST_VARS:  # an in-process training test leaves its rendezvous here; jobs must pick their own
         env.pop(var, None)
+    return env
+
+
+def snakemake(*args, cwd=ROOT, check=True, timeout=900, env=None):
+    """``python -m snakemake ARGS`` in ``cwd``; raises AssertionError with the output tail if it fails."""
     r = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
-                       env=env, timeout=timeout)
+                       env=snakemake_env(env), timeout=timeout)
     if check and r.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
     return r

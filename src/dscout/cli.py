@@ -139,7 +139,7 @@ def cmd_features(a):
 
 def cmd_train(a):
     from dscout.config import write_resolved
-    from dscout.training.trainer import TrainConfig, train_drafter
+    from dscout.training.trainer import TrainConfig, TrainingInterrupted, train_drafter
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
@@ -152,13 +152,15 @@ def cmd_train(a):
         return
     cfg = TrainConfig.from_stage(st, target.dtype)
     t0 = time.time()
-    # test hook: simulate a kill after that step (the resume tests run the rule's own command)
-    crash = int(os.environ["DSCOUT_CRASH_AFTER_STEP"]) if os.environ.get("DSCOUT_CRASH_AFTER_STEP") else None
-    if a.features:
-        train_drafter(target, cfg, a.out, a.work, feature_cache=a.features, _crash_after_step=crash)
-    else:
-        train_drafter(target, cfg, a.out, a.work, sequences=_sequences(a.responses, json.loads(a.responses_stage)),
-                      _crash_after_step=crash)
+    try:
+        if a.features:
+            train_drafter(target, cfg, a.out, a.work, feature_cache=a.features)
+        else:
+            train_drafter(target, cfg, a.out, a.work,
+                          sequences=_sequences(a.responses, json.loads(a.responses_stage)))
+    except TrainingInterrupted as stop:  # SIGTERM / SIGINT: the checkpoint is saved; exit 128 + signal
+        print(f"dscout train: {stop}", file=sys.stderr, flush=True)
+        raise
     st["wall_seconds"] = time.time() - t0
     write_resolved(Path(a.out) / "config.resolved.json", st)
 

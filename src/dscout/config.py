@@ -124,7 +124,7 @@ def _max_horizon(variant: dict) -> int | None:
     return get_recipe(variant.get("recipe", "dflash"), **overrides).max_horizon
 
 
-def check_plan(config: dict, source: str = "config") -> None:
+def check_plan(config: dict, source: str = "config", project_dir: str | os.PathLike | None = None) -> None:
     """Semantic checks that the schema cannot express, run before any job (the Snakefile calls this at plan time).
 
     Each is a mistake that would otherwise surface inside a job, after earlier stages spent their time:
@@ -133,13 +133,20 @@ def check_plan(config: dict, source: str = "config") -> None:
       of its DFlash/DScout drafter (a drafter decodes at any bs up to the horizon it was trained at);
     * ``target.mask_token_id`` outside ``[0, target.vocab_size)`` (the mask must be an existing embedding row);
     * a benchmark / prompt source that a stage of this config reads with neither a mirror file under
-      ``data_root`` nor a reachable hub copy (the message says how to fetch one).
+      ``data_root`` nor a reachable hub copy (the message says how to fetch one); with ``HF_HUB_OFFLINE`` /
+      ``HF_DATASETS_OFFLINE`` set, the hub copy must be in datasets' cache (where ``load_dataset`` looks offline).
+
+    Args:
+        config: the merged, schema-validated config.
+        source: how messages name the config (e.g. its files).
+        project_dir: the folder a relative ``data_root`` is relative to (the Snakefile's, ``workflow.basedir``);
+            None = the current directory.
 
     Raises:
         ValueError: listing every problem, each naming its config key (e.g. ``methods[2].block_size``).
     """
     from .data.benchmarks import get_benchmark
-    from .data.hub import hub_offline, hub_reachable
+    from .data.hub import datasets_cache_dir, hub_offline, hub_reachable, offline_cached
     from .data.paths import ENV_VAR, data_root
     from .kinds import BLOCK_DIFFUSION
     from .data.prompts import prompt_source
@@ -199,7 +206,7 @@ def check_plan(config: dict, source: str = "config") -> None:
         for n in [n for n in acc.get("benchmarks", []) if n in ("humaneval", "mbpp")]:
             problems.append(f"accuracy.benchmarks: {n} is scored by running model-written code, which needs "
                             "benchmarks.confirm_run_unsafe_code: true (opt-in, as lm-eval's --confirm_run_unsafe_code)")
-    root = data_root(config.get("data_root"))
+    root = data_root(config.get("data_root"), project_dir)
     needed: dict[str, tuple] = {}  # mirror file -> (config key, hub copy, what)
     b = config.get("benchmarks", {})
     for key, names in (("benchmarks.names", b.get("names", [])),
@@ -217,14 +224,20 @@ def check_plan(config: dict, source: str = "config") -> None:
         needed.setdefault(ps.local_file, (f"responses.sources[{i}]", ps.hub, f"prompt source {ps.name}"))
     missing = {rel: v for rel, v in needed.items() if not (root / rel).exists()}
     from_hub = {rel: v for rel, v in missing.items() if v[1] is not None and not Path(v[1].path).is_dir()}
-    hub_ok = bool(from_hub) and (hub_offline() or hub_reachable())  # offline: datasets' cache may hold them
-    unreadable = [(rel, v) for rel, v in missing.items() if v[1] is None or (rel in from_hub and not hub_ok)]
+    offline = hub_offline()
+    if offline:  # load_dataset reads only its cache: each hub copy must be there
+        hub_ok = {rel for rel, v in from_hub.items() if offline_cached(v[1])}
+    else:
+        hub_ok = set(from_hub) if from_hub and hub_reachable() else set()
+    unreadable = [(rel, v) for rel, v in missing.items() if v[1] is None or (rel in from_hub and rel not in hub_ok)]
     if unreadable:
         where = "$" + ENV_VAR if os.environ.get(ENV_VAR) else "config key data_root"
         lines = "; ".join(f"{key}: {what} ({'no hub copy' if hub is None else hub.describe()}) needs {root / rel}"
                           for rel, (key, hub, what) in unreadable)
+        why = (f"HF_HUB_OFFLINE is set and datasets' cache ({datasets_cache_dir()}) holds no copy of them"
+               if offline and from_hub else "the hub cannot be reached" if from_hub else "no hub copy")
         problems.append(f"data_root: {len(unreadable)} source(s) have no mirror file under {root} (from {where}) "
-                        f"and {'the hub cannot be reached' if from_hub else 'no hub copy'} — {lines}. "
+                        f"and {why} — {lines}. "
                         "Run `dscout fetch-data --out DIR` (or `snakemake --cores 1 fetch_data`) on a machine "
                         "with internet and point data_root / $" + ENV_VAR + " at DIR (layout: docs/data.md).")
     if problems:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,40 @@ def hub_offline() -> bool:
     """True where the user switched the hub off (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``): cache only."""
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def datasets_cache_dir() -> Path:
+    """Where ``datasets`` keeps prepared datasets: ``$HF_DATASETS_CACHE``, else ``$HF_HOME/datasets``, else
+    ``$XDG_CACHE_HOME/huggingface/datasets`` (default ``~/.cache/huggingface/datasets``); datasets' own rule
+    (``datasets.config.HF_DATASETS_CACHE``), restated here so the plan check needs no import of datasets."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return Path(os.environ["HF_DATASETS_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "datasets"
+
+
+def _snake_case(name: str) -> str:
+    """datasets' ``camelcase_to_snakecase`` of a dataset name (``OpenPerfectBlend`` -> ``open_perfect_blend``)."""
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z\d])([A-Z])", r"\1_\2", name).lower()
+
+
+def offline_cached(hub: HubSource, cache_dir: str | os.PathLike | None = None) -> bool:
+    """Whether ``load_dataset`` can read ``hub`` with the hub switched off: a prepared copy in datasets' cache.
+
+    Offline, datasets resolves a hub id through its cache only (``CachedDatasetModuleFactory`` in
+    ``datasets/load.py``): ``<cache>/<namespace>___<name>/<config>/<version>/<hash>/``. With a config name, that
+    config's folder must hold a version.
+
+    Args:
+        hub: the source's hub copy.
+        cache_dir: datasets' cache; None = :func:`datasets_cache_dir`.
+    """
+    parts = hub.path.split("/")
+    parts[-1] = _snake_case(parts[-1])
+    root = Path(cache_dir or datasets_cache_dir()) / "___".join(parts)
+    config = hub.name or "*"
+    return any(p.is_dir() for p in root.glob(f"{config}/*/*"))
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

@@ -7,6 +7,9 @@ run's step count. The optimizer is AdamW (torch, fp32 master weights), as in Spe
 
 Resumability: DeepSpeed checkpoints (model, optimizer, scheduler and the step) are saved every
 ``checkpoint_every`` steps under ``work_dir/checkpoints``; a restarted run loads the latest and continues.
+SIGTERM (what SLURM sends at preemption or at the time limit, and what DeepSpeed's launcher forwards to its ranks)
+and SIGINT end the current step, save a checkpoint at it (every rank agrees on the step through the per-step
+gather) and exit with ``128 + signal`` (:class:`TrainingInterrupted`), so a requeued job loses nothing.
 Data order and randomness are keyed by the *slot* of a micro-batch within the global batch of one update, not
 by the process that runs it: an update of ``world`` ranks x ``gradient_accumulation_steps`` micro-steps has
 ``P = world * gas`` slots, slot ``p = rank * gas + micro``; its sequences and its RNG (horizon, anchors, reveal
@@ -29,7 +32,9 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -144,6 +149,69 @@ def flush_denormals():
             torch.set_flush_denormal(False)
 
 
+class TrainingInterrupted(SystemExit):
+    """Raised when a stop signal ended training after a checkpoint was saved; exits with ``128 + signal``.
+
+    Attributes:
+        step: the number of finished updates, saved in the checkpoint ``step<step>`` the next run resumes from.
+        signum: the signal received (``signal.SIGTERM`` or ``signal.SIGINT``).
+    """
+
+    def __init__(self, step: int, signum: int):
+        super().__init__(128 + signum)
+        self.step, self.signum = step, signum
+
+    def __str__(self) -> str:
+        return (f"training stopped by {signal.Signals(self.signum).name} after step {self.step}: checkpoint "
+                f"step{self.step} saved, a rerun resumes from it")
+
+
+class StopSignals:
+    """Records SIGTERM / SIGINT instead of dying at once, while training runs (the previous handlers are restored).
+
+    The training loop reads :attr:`signum` after every update, saves a checkpoint at that update and exits
+    (PyTorch Lightning's SLURM requeue does the same on its signal). Outside the main thread (where Python cannot
+    install handlers) it records nothing and the process keeps the default behaviour.
+
+    Attributes:
+        signum: the first stop signal received, None while none was.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+
+def _pause_for_test(step: int, stop: StopSignals, work: Path, rank: int) -> None:
+    """Testing hook (``DSCOUT_TEST_PAUSE_AFTER_STEP``): after that step, rank 0 writes ``work/paused.json`` (its
+    process id and its parent's, i.e. DeepSpeed's launcher under ``deepspeed``) and waits up to 120 s for a stop
+    signal, so a test can send a real signal from outside at a step that is not a checkpoint step. The other
+    ranks go on to the step's gather and wait there for rank 0, as ranks do that a signal has not reached yet
+    (DeepSpeed's launcher signals its ranks one after another)."""
+    want = os.environ.get("DSCOUT_TEST_PAUSE_AFTER_STEP")
+    if not want or int(want) != step or rank != 0:
+        return
+    (work / "paused.json").write_text(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "step": step}))
+    deadline = time.monotonic() + 120
+    while stop.signum is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -251,6 +319,8 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
         ``out_dir``.
     Raises:
         ValueError: if neither ``feature_cache`` nor ``sequences`` is given.
+        TrainingInterrupted: (a ``SystemExit`` with code ``128 + signal``) after SIGTERM / SIGINT, once the
+            checkpoint of the update in progress is saved.
     """
     import deepspeed
 
@@ -291,10 +361,11 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     if (ckpt_dir / "latest").exists():
         _, client = engine.load_checkpoint(str(ckpt_dir))
         start = int(client["step"])
-    kept = []
-    if log_path.exists():  # keep the log consistent with the checkpoint we resumed from
-        kept = [l for l in log_path.read_text().splitlines() if l.strip() and json.loads(l)["step"] < start]
-    log_path.write_text("".join(l + "\n" for l in kept))
+    if rank == 0:  # keep the log consistent with the checkpoint we resumed from (one writer: rank 0)
+        kept = []
+        if log_path.exists():
+            kept = [l for l in log_path.read_text().splitlines() if l.strip() and json.loads(l)["step"] < start]
+        log_path.write_text("".join(l + "\n" for l in kept))
 
     dtype = getattr(torch, cfg.dtype)
     device = target.device
@@ -302,7 +373,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     bar = tqdm(range(start, total), initial=start, total=total, desc=f"train {cfg.kind if cfg.kind != 'dflash' else cfg.recipe}",
                disable=rank != 0, unit="step", mininterval=2.0)
     model.train()
-    with flush_denormals(), open(log_path, "a") as log:
+    with flush_denormals(), StopSignals() as stop, open(log_path, "a") as log:
         for step in bar:
             t0 = time.perf_counter()
             idx, losses = [], []
@@ -316,9 +387,12 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 engine.step()  # applies the update after the last micro-step only
                 idx += ids
                 losses.append(float(loss.detach()))
-            gathered = _gather((idx, losses), world)  # one collective per step: (sample ids, losses) of every rank
-            per_rank = [ids for ids, _ in gathered]
-            all_losses = [x for _, ls in gathered for x in ls]
+            _pause_for_test(step, stop, work, rank)
+            # one collective per step: (sample ids, losses, stop signal) of every rank
+            gathered = _gather((idx, losses, stop.signum), world)
+            per_rank = [g[0] for g in gathered]
+            all_losses = [x for g in gathered for x in g[1]]
+            signum = next((g[2] for g in gathered if g[2] is not None), None)  # the same decision on every rank
             rec = {"step": step, "epoch": (step * slots * cfg.micro_batch_size) / n,
                    "loss": sum(all_losses) / len(all_losses),  # the global batch's mean (what the update uses)
                    "lr": float(sched.get_last_lr()[0]) if sched is not None else cfg.lr,
@@ -329,6 +403,10 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 log.flush()
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec.get('accuracy') or 0:.3f}")
             done = step + 1
+            if signum is not None and done < total:  # stopped (SLURM preemption / time limit): keep this step
+                _save_checkpoint(engine, ckpt_dir, done)
+                bar.close()
+                raise TrainingInterrupted(done, signum)
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
                 _save_checkpoint(engine, ckpt_dir, done)
             if _crash_after_step is not None and step >= _crash_after_step:
