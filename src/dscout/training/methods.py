@@ -181,7 +181,7 @@ class Eagle3Method:
 
     def prepare(self, source, target) -> None:
         """The draft vocabulary: the most frequent response tokens of the training data (d2t / t2d)."""
-        from ..models.eagle3 import build_vocab_map
+        from ..models.common import build_vocab_map
 
         d2t, t2d = build_vocab_map(response_token_counts(source, target.vocab_size),
                                    self.model.config.draft_vocab_size)
