@@ -72,3 +72,22 @@ def target_to_draft(target_ids: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor
     t2d = t2d.to(target_ids.device)
     index = torch.cumsum(t2d.long(), 0) - 1  # draft index of each kept target id
     return torch.where(t2d[target_ids], index[target_ids], torch.full_like(target_ids, -1))
+
+
+def rope_from_config(cfg: dict) -> dict | None:
+    """RoPE settings ``{"rope_type", "rope_theta", ...}`` of a checkpoint's ``config.json`` (a dict), from either
+    layout: transformers 4 (top-level ``rope_theta`` + ``rope_scaling``, as published DFlash / EAGLE-3 checkpoints
+    have it) or transformers 5 (``rope_parameters``, what ``save_pretrained`` writes now). None when neither
+    gives a base."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        rope = dict(params)
+    elif "rope_theta" in cfg:
+        rope = {"rope_theta": cfg["rope_theta"], **(cfg.get("rope_scaling") or {})}
+    else:
+        return None
+    if "type" in rope and "rope_type" not in rope:
+        rope["rope_type"] = rope.pop("type")
+    rope.setdefault("rope_type", "default")
+    rope["rope_theta"] = float(rope["rope_theta"])
+    return rope

@@ -36,7 +36,8 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from .common import (  # noqa: F401  (vocab-map helpers re-exported: their EAGLE-3 home)
-    build_vocab_map, draft_to_target, init_drafter_weights, rotate_half as _rotate_half, target_to_draft)
+    build_vocab_map, draft_to_target, init_drafter_weights, rope_from_config, rotate_half as _rotate_half,
+    target_to_draft)
 from .layer_ids import default_eagle3_layer_ids  # noqa: F401  (re-exported)
 
 
@@ -390,7 +391,7 @@ def load_public_eagle3(path: str, target_config, dtype: torch.dtype = torch.bflo
         num_key_value_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
         head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
         rms_norm_eps=c.get("rms_norm_eps", 1e-6), max_position_embeddings=c.get("max_position_embeddings", 8192),
-        rope_parameters={"rope_type": "default", "rope_theta": float(c.get("rope_theta", 10000.0))},
+        rope_parameters=rope_from_config(c) or {"rope_type": "default", "rope_theta": 10000.0},
         target_hidden_size=c.get("target_hidden_size") or target_config.hidden_size,
         target_layer_ids=default_eagle3_layer_ids(L), num_target_layers=L)
     model = Eagle3Drafter(cfg)

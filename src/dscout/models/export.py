@@ -41,6 +41,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .common import rope_from_config as _rope
 from .drafter import DFlashDrafter, DFlashDrafterConfig
 
 LAYER_TENSORS = [
@@ -50,10 +51,14 @@ LAYER_TENSORS = [
     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
 ]
 TOP_TENSORS = ["fc.weight", "hidden_norm.weight", "norm.weight"]
-REQUIRED_CONFIG_KEYS = ["architectures", "model_type", "block_size", "dflash_config", "num_target_layers",
+REQUIRED_CONFIG_KEYS = ["architectures", "model_type", "dflash_config", "num_target_layers",
                         "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                         "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
-                        "max_position_embeddings", "rope_theta", "vocab_size"]
+                        "max_position_embeddings", "vocab_size"]
+"""Besides these: ``rope_theta`` (transformers 4 layout) or ``rope_parameters.rope_theta`` (what
+``save_pretrained`` writes under transformers 5, e.g. z-lab's ``DFlashDraftModel.save_pretrained``)."""
+
+
 
 
 def expected_tensor_names(num_layers: int) -> list[str]:
@@ -208,6 +213,8 @@ def check_dflash_checkpoint(path: str | os.PathLike, for_sglang: bool = True) ->
     mask = dc.get("mask_token_id", cfg.get("mask_token_id"))
     if mask is None or not 0 <= mask < cfg.get("vocab_size", 0):
         problems.append(f"mask_token_id {mask} is not a row of the target embedding")
+    if _rope(cfg) is None:
+        problems.append("config.json has neither 'rope_theta' nor 'rope_parameters.rope_theta'")
     if cfg.get("hidden_act") != "silu":
         problems.append("hidden_act must be silu")
     names, shapes = set(), {}
@@ -240,9 +247,7 @@ def load_dflash_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torch.f
         raise ValueError(f"{path} is not a loadable DFlash checkpoint: " + "; ".join(problems))
     c = json.loads((path / "config.json").read_text())
     dc = c.get("dflash_config", {})
-    rope = {"rope_type": "default", "rope_theta": float(c.get("rope_theta", 1e6))}
-    if c.get("rope_scaling"):
-        rope.update(c["rope_scaling"])
+    rope = _rope(c)
     extra = c.get("dscout", {})
     cfg = DFlashDrafterConfig(
         vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
