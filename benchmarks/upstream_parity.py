@@ -161,7 +161,8 @@ def write_report(res: dict, path: Path) -> None:
              f"Drafter `{res['drafter']}` (full vocabulary, trained by the pipeline: {res['training']}); "
              f"greedy, max {res['max_new_tokens']} new tokens, one prompt per benchmark, {res['repeats']} repeats, "
              f"{res['threads']} thread(s), torch {res['torch']}. Same process, same target object, ours then "
-             "upstream's per prompt and repeat. Regenerate: `python benchmarks/upstream_parity.py`.", "",
+             "upstream's per prompt and repeat. Regenerate: `python benchmarks/upstream_parity.py`; where the time goes: "
+             "`analysis.md`.", "",
              "| bs | benchmark | τ ours | τ upstream | same tokens & rounds | ms/token ours | ms/token upstream | "
              "e2e ms/token ours | e2e ms/token upstream | draft ms/round | verify ms/round |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
