@@ -114,14 +114,16 @@ def test_training_loss_ignores_out_of_vocabulary_labels_and_evaluation_agrees(ta
 
 
 def test_reduced_vocabulary_survives_the_checkpoint_and_is_refused_for_sglang(target, tmp_path):
-    from dscout.models.export import export_dflash, load_dflash_checkpoint
+    from dscout.models.export import check_dflash_checkpoint, export_dflash, load_dflash_checkpoint, save_drafter
 
     d = _reduced(target, 20)
-    export_dflash(d, tmp_path, dtype=torch.float32, for_sglang=False)
+    save_drafter(d, tmp_path, dtype=torch.float32)
     back = load_dflash_checkpoint(tmp_path, dtype=torch.float64).attach_target(target)
     assert back.config.draft_vocab_size == 20 and torch.equal(back.draft_token_ids, d.draft_token_ids)
+    assert not (tmp_path / "model.safetensors").exists()  # our own layout: no DFlash runtime finds weights
+    assert any("draft_vocab_size=20" in p for p in check_dflash_checkpoint(tmp_path))
     with pytest.raises(ValueError, match="whole vocabulary"):
-        export_dflash(d, tmp_path / "sglang", dtype=torch.float32, for_sglang=True)
+        export_dflash(d, tmp_path / "sglang", dtype=torch.float32)
 
 
 def test_distillation_weight_mixes_the_target_distribution_into_the_loss(target):

@@ -74,7 +74,7 @@ def test_import_published_dflash_checkpoint(tmp_path):
 
     t = tiny_target(dtype=torch.float32, layers=6)
     d = tiny_drafter(t, layers=2, block_size=16).float()
-    export_dflash(d, tmp_path / "published", dtype=torch.float32, for_sglang=False)
+    export_dflash(d, tmp_path / "published", dtype=torch.float32)
     summary = import_pretrained_drafter("dflash", str(tmp_path / "published"), t, tmp_path / "out")
     assert summary["pretrained"] == str(tmp_path / "published") and summary["steps"] == 0
     assert json.loads((tmp_path / "out" / "training_summary.json").read_text())["kind"] == "dflash"

@@ -126,11 +126,11 @@ class BatchedSpeculativeEngine:
             bs_round = bs
             if self.controller is not None:
                 left = max(max_new_tokens - len(results[i].output_ids) for i in range(B) if active[i])
-                bs_round = self.controller.choose(sum(active), limit=min(bs, left))
+                bs_round = self.controller.choose(sum(active), limit=min(bs, left + 1))
                 batch.block_sizes.append(bs_round)
             drafts = []
             for i in range(B):
-                k = min(bs_round - 1, max_new_tokens - len(results[i].output_ids) - 1) if active[i] else 0
+                k = min(bs_round - 1, max_new_tokens - len(results[i].output_ids)) if active[i] else 0
                 d = proposers[i].propose(last[i], length[i], k) if k > 0 and proposers[i] is not None else None
                 drafts.append(d.tokens.to(dev) if d is not None else torch.empty(0, dtype=torch.long, device=dev))
             tb = time.perf_counter()
@@ -163,8 +163,8 @@ class BatchedSpeculativeEngine:
                 if proposers[i] is not None:
                     proposers[i].commit(out.taps[i, : n + 1], vids[i, : n + 1])
                 res = results[i]
-                emitted, stopped = commit_round(res.output_ids, drafts[i][:n].tolist() + [bonus],
-                                                self.stop_token_ids)
+                emitted, stopped = commit_round(res.output_ids, (drafts[i][:n].tolist() + [bonus])[
+                    :max_new_tokens - len(res.output_ids)], self.stop_token_ids)
                 res.accept_lengths.append(emitted)
                 if stopped:
                     res.stop_reason = "stop_token"

@@ -6,7 +6,9 @@ speculative runs share the target forward, the cache handling, the sampler and t
 
 One round (docs/method.md §4):
 
-1. **draft**: the proposer drafts ``k = min(bs - 1, remaining - 1)`` tokens after the last committed token x;
+1. **draft**: the proposer drafts ``k = min(bs - 1, remaining)`` tokens after the last committed token x (z-lab
+   ``dflash_generate``'s rule: the block keeps its size until fewer than ``bs - 1`` tokens remain, and a round
+   that accepts all ``remaining`` drafts drops its bonus, so τ and the drafts equal the reference runtime's);
 2. **verify**: one target forward over ``[x, d_1..d_k]`` with the KV cache, tapping the proposer's layers;
 3. **accept**: greedy or lossless sampling (:mod:`dscout.decoding.acceptance`): ``n`` drafts + 1 bonus token;
 4. **roll back** the target KV of the ``k - n`` rejected drafts (``cache.crop(-(k - n))``);
@@ -169,11 +171,11 @@ class SpeculativeEngine:
             remaining = max_new_tokens - len(res.output_ids)
             ta = time.perf_counter()
             if controller is not None:
-                bs_round = controller.choose(1, limit=min(block_size, remaining))
+                bs_round = controller.choose(1, limit=min(block_size, remaining + 1))
                 res.block_sizes.append(bs_round)
             else:
                 bs_round = block_size
-            k = min(bs_round - 1, remaining - 1)
+            k = min(bs_round - 1, remaining)
             draft = self.proposer.propose(x, position, k, temperature, gen) if k > 0 else None
             _sync(dev)
             tb = time.perf_counter()
@@ -201,7 +203,7 @@ class SpeculativeEngine:
             n_acc = len(accepted)
             res.draft_seconds.append((tb - ta) + (td - tc))
             res.verify_seconds.append(tc - tb)
-            emitted, stopped = commit_round(res.output_ids, accepted + [bonus], self.stop_token_ids)
+            emitted, stopped = commit_round(res.output_ids, (accepted + [bonus])[:remaining], self.stop_token_ids)
             res.accept_lengths.append(emitted)
             if stopped:
                 res.stop_reason = "stop_token"

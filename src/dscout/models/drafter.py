@@ -31,25 +31,9 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RotaryEmbedding,
 )
 
+from .common import build_vocab_map, init_drafter_weights, rotate_half as _rotate_half
 from .linear import project
 from .target import default_target_layer_ids
-
-
-@torch.no_grad()
-def init_drafter_weights(module: nn.Module, std: float) -> None:
-    """SpecForge-style init of one drafter submodule: linears ~ N(0, std) with zero bias, RMSNorm = 1, RoPE
-    frequencies recomputed (shared by the DFlash and EAGLE-3 drafters' ``_init_weights``)."""
-    if isinstance(module, nn.Linear):
-        module.weight.normal_(mean=0.0, std=std)
-        if module.bias is not None:
-            module.bias.zero_()
-    elif isinstance(module, Qwen3RMSNorm):
-        module.weight.fill_(1.0)
-    elif isinstance(module, Qwen3RotaryEmbedding):
-        inv_freq, _ = module.compute_default_rope_parameters(module.config) \
-            if module.rope_type == "default" else (module.inv_freq, None)
-        module.inv_freq.copy_(inv_freq)
-        module.original_inv_freq.copy_(inv_freq)
 
 
 class DFlashDrafterConfig(PreTrainedConfig):
@@ -238,11 +222,6 @@ class DFlashDrafterAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class DFlashDrafterLayer(nn.Module):
     """Pre-norm residual Qwen3 layer with :class:`DFlashDrafterAttention` (docs/method.md §2)."""
 
@@ -362,12 +341,10 @@ class DFlashDrafter(PreTrainedModel):
     @torch.no_grad()
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
         """Fill ``draft_token_ids`` with the ``draft_vocab_size`` most frequent tokens of ``token_counts`` ``[V]``
-        (EAGLE-3's selection, :func:`~dscout.models.eagle3.build_vocab_map`: ties towards the smaller id, sorted
+        (EAGLE-3's selection, :func:`~dscout.models.common.build_vocab_map`: ties towards the smaller id, sorted
         by id). No-op for a full-vocabulary drafter."""
         if self.config.draft_vocab_size is None:
             return
-        from .eagle3 import build_vocab_map
-
         d2t, _ = build_vocab_map(token_counts, self.config.draft_vocab_size)
         used = d2t + torch.arange(self.config.draft_vocab_size)
         self.draft_token_ids.copy_(used.to(self.draft_token_ids.device))

@@ -35,50 +35,10 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RotaryEmbedding,
 )
 
-from .drafter import init_drafter_weights
+from .common import (  # noqa: F401  (vocab-map helpers re-exported: their EAGLE-3 home)
+    build_vocab_map, draft_to_target, init_drafter_weights, rope_from_config, rotate_half as _rotate_half,
+    target_to_draft)
 from .layer_ids import default_eagle3_layer_ids  # noqa: F401  (re-exported)
-
-
-# ---------------------------------------------------------------------------------------------- vocab map
-def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reduced draft vocabulary from token frequencies (EAGLE ``scandata``; docs/method.md §6.1).
-
-    Keeps the ``V_d`` most frequent ids (ties broken towards the smaller id), sorted ascending as ``used``.
-
-    Args:
-        token_counts: ``[V]`` counts of each target id over the loss-masked training tokens.
-        draft_vocab_size: ``V_d``.
-    Returns:
-        ``(d2t, t2d)``: ``d2t`` ``[V_d]`` int64 offsets with ``target_id = i + d2t[i]``; ``t2d`` ``[V]`` bool,
-        True at the kept ids.
-    Raises:
-        ValueError: if ``token_counts`` is not 1-D or ``draft_vocab_size`` is outside ``[1, V]``.
-    """
-    if token_counts.dim() != 1:
-        raise ValueError(f"token_counts must be 1-D [V], got shape {tuple(token_counts.shape)}")
-    V = token_counts.shape[0]
-    if not 1 <= draft_vocab_size <= V:
-        raise ValueError(f"draft_vocab_size {draft_vocab_size} outside [1, {V}]")
-    counts = token_counts.detach().to("cpu", torch.float64)
-    order = torch.sort(-counts, stable=True).indices  # descending counts, smaller id first on ties
-    used = torch.sort(order[:draft_vocab_size]).values
-    d2t = used - torch.arange(draft_vocab_size, dtype=torch.long)
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[used] = True
-    return d2t, t2d
-
-
-def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
-    """Map draft-vocab ids (any shape) to target ids: ``i + d2t[i]``."""
-    d2t = d2t.to(draft_ids.device)
-    return draft_ids + d2t[draft_ids]
-
-
-def target_to_draft(target_ids: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
-    """Map target ids (any shape) to draft-vocab ids; ids outside the draft vocabulary map to ``-1``."""
-    t2d = t2d.to(target_ids.device)
-    index = torch.cumsum(t2d.long(), 0) - 1  # draft index of each kept target id
-    return torch.where(t2d[target_ids], index[target_ids], torch.full_like(target_ids, -1))
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -194,11 +154,6 @@ class Eagle3DrafterConfig(PreTrainedConfig):
 
 
 # ---------------------------------------------------------------------------------------------- layers
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ``[b, heads, S, hd]`` with ``cos``/``sin`` ``[b, S, hd]``."""
     return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
@@ -436,7 +391,7 @@ def load_public_eagle3(path: str, target_config, dtype: torch.dtype = torch.bflo
         num_key_value_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
         head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
         rms_norm_eps=c.get("rms_norm_eps", 1e-6), max_position_embeddings=c.get("max_position_embeddings", 8192),
-        rope_parameters={"rope_type": "default", "rope_theta": float(c.get("rope_theta", 10000.0))},
+        rope_parameters=rope_from_config(c) or {"rope_type": "default", "rope_theta": 10000.0},
         target_hidden_size=c.get("target_hidden_size") or target_config.hidden_size,
         target_layer_ids=default_eagle3_layer_ids(L), num_target_layers=L)
     model = Eagle3Drafter(cfg)

@@ -19,6 +19,16 @@ SGLang (>= 0.5.11, ``srt/models/dflash.py``, ``srt/speculative/dflash_utils.py``
 Our drafter's module names already follow this layout, so export writes the weights as they are and rewrites
 the config; import accepts the published checkpoints (``z-lab/Qwen3-8B-DFlash-b16``: top-level ``block_size``,
 ``dflash_config`` with the ids and the mask id, optional ``model.`` prefixes).
+
+z-lab's own loader (``dflash`` 0.1.0, ``DFlashDraftModel.from_pretrained``) reads the same config through
+``Qwen3Config`` and ``model.safetensors``; it sizes ``fc`` as ``t * hidden_size`` and reads the taps from HF's
+``output_hidden_states[l + 1]``, whose last entry is the *final-normed* state. Some of our drafters therefore have
+no DFlash checkpoint that every DFlash runtime drafts with exactly as we do (:func:`dflash_format_problems`: a
+reduced draft vocabulary, an ``fc`` bias, a tap of the target's last layer, a target wider than the drafter).
+:func:`export_dflash` refuses them by name, and :func:`save_drafter` (what training and imports write) stores them
+in our own layout instead: ``architectures: ["DScoutDrafter"]`` and the weights in ``dscout_drafter.safetensors``,
+which z-lab's loader (no ``model.safetensors``), SGLang and vLLM (unknown architecture) all refuse, so no runtime
+loads such a folder and drafts differently.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .common import rope_from_config as _rope
 from .drafter import DFlashDrafter, DFlashDrafterConfig
 
 LAYER_TENSORS = [
@@ -40,10 +51,14 @@ LAYER_TENSORS = [
     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
 ]
 TOP_TENSORS = ["fc.weight", "hidden_norm.weight", "norm.weight"]
-REQUIRED_CONFIG_KEYS = ["architectures", "model_type", "block_size", "dflash_config", "num_target_layers",
+REQUIRED_CONFIG_KEYS = ["architectures", "model_type", "dflash_config", "num_target_layers",
                         "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                         "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
-                        "max_position_embeddings", "rope_theta", "vocab_size"]
+                        "max_position_embeddings", "vocab_size"]
+"""Besides these: ``rope_theta`` (transformers 4 layout) or ``rope_parameters.rope_theta`` (what
+``save_pretrained`` writes under transformers 5, e.g. z-lab's ``DFlashDraftModel.save_pretrained``)."""
+
+
 
 
 def expected_tensor_names(num_layers: int) -> list[str]:
@@ -89,45 +104,92 @@ def dflash_config_dict(cfg: DFlashDrafterConfig, dtype: str = "bfloat16") -> dic
     }
 
 
-def export_dflash(drafter: DFlashDrafter | str | os.PathLike, out_dir: str | os.PathLike,
-                  dtype: torch.dtype = torch.bfloat16, for_sglang: bool = True) -> Path:
-    """Write a drafter in the DFlash checkpoint format (``config.json`` + ``model.safetensors``).
+OWN_ARCHITECTURE = "DScoutDrafter"
+"""``architectures[0]`` of a drafter saved in our own layout (no DFlash runtime knows it)."""
+OWN_WEIGHTS = "dscout_drafter.safetensors"
+"""Weights file of our own layout (not ``model.safetensors``: z-lab's and transformers' loaders do not find it)."""
 
-    Args:
-        for_sglang: refuse drafters SGLang cannot serve (a tap of the target's last layer). Our own engine
-            serves them, so the trainer saves with ``for_sglang=False``.
-    Raises:
-        ValueError: if ``for_sglang`` and a tapped layer is the target's last one or the drafter has a reduced
-            draft vocabulary (SGLang's DFlash head is the target's whole one), or if fc has a bias (the
-            DFlash format has none).
+
+def dflash_format_problems(cfg: DFlashDrafterConfig) -> list[str]:
+    """Why a drafter has no DFlash checkpoint that z-lab's ``DFlashDraftModel``, SGLang and vLLM would draft with
+    exactly as our engine does; empty = it has one.
+
+    Each entry names the field and the reason:
+
+    * ``draft_vocab_size``: a reduced draft vocabulary; the DFlash format drafts with the target's whole LM head,
+      so a runtime would load the weights and draft over the full vocabulary;
+    * ``fc_bias``: the format's ``fc`` has no bias (the bias would be dropped);
+    * a tap of the target's last layer (id ``L - 1``): HF's ``output_hidden_states[L]``, which z-lab's runtime
+      reads for it, is the final-normed state (our taps are pre-norm), and SGLang cannot capture it at all;
+    * ``target_hidden_size != hidden_size``: upstream sizes ``fc`` as ``t * hidden_size``.
     """
-    if not isinstance(drafter, DFlashDrafter):
-        drafter = DFlashDrafter.from_pretrained(str(drafter))
-    cfg = drafter.config
-    if for_sglang and max(cfg.target_layer_ids) > cfg.num_target_layers - 2:
-        raise ValueError(f"target layer {max(cfg.target_layer_ids)} cannot be captured by SGLang "
-                         f"(ids must be <= num_target_layers - 2 = {cfg.num_target_layers - 2})")
+    problems = []
+    if cfg.draft_vocab_size is not None:
+        problems.append(f"draft_vocab_size={cfg.draft_vocab_size}: the DFlash format drafts over the target's "
+                        f"whole vocabulary ({cfg.vocab_size} tokens), a runtime would draft differently")
     if cfg.fc_bias:
-        raise ValueError("the DFlash format has no fc bias; train with fc_bias=False to export")
-    if for_sglang and cfg.draft_vocab_size is not None:
-        raise ValueError(f"SGLang's DFlash drafter predicts the target's whole vocabulary; this one drafts over "
-                         f"{cfg.draft_vocab_size} tokens (options.draft_vocab_size): train without it to serve")
-    out = Path(out_dir)
+        problems.append("fc_bias=True: the DFlash format's fc has no bias")
+    if max(cfg.target_layer_ids) > cfg.num_target_layers - 2:
+        problems.append(f"target layer {max(cfg.target_layer_ids)} is the target's last layer: it cannot be "
+                        f"captured by SGLang (ids must be <= num_target_layers - 2 = {cfg.num_target_layers - 2}) and "
+                        "z-lab's runtime would read its final-normed state")
+    if cfg.target_hidden_size != cfg.hidden_size:
+        problems.append(f"target_hidden_size={cfg.target_hidden_size} differs from hidden_size={cfg.hidden_size}: "
+                        "upstream sizes fc as t * hidden_size")
+    return problems
+
+
+def _write(drafter: DFlashDrafter, out: Path, dtype: torch.dtype, weights: str, config: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(dtype).contiguous() for k, v in drafter.state_dict().items()}
-    missing = set(expected_tensor_names(cfg.num_hidden_layers)) - set(state)
+    missing = set(expected_tensor_names(drafter.config.num_hidden_layers)) - set(state)
     if missing:
         raise ValueError(f"drafter state lacks tensors SGLang needs: {sorted(missing)[:5]}")
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    name = str(dtype).replace("torch.", "")
-    (out / "config.json").write_text(json.dumps(dflash_config_dict(cfg, name), indent=2))
+    for stale in (out / "model.safetensors", out / OWN_WEIGHTS):  # a re-save in the other layout
+        if stale.name != weights and stale.exists():
+            stale.unlink()
+    save_file(state, str(out / weights), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def export_dflash(drafter: DFlashDrafter | str | os.PathLike, out_dir: str | os.PathLike,
+                  dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write a drafter in the DFlash checkpoint format (``config.json`` + ``model.safetensors``), the one
+    SGLang, vLLM and z-lab's ``DFlashDraftModel.from_pretrained`` read.
+
+    Raises:
+        ValueError: naming every :func:`dflash_format_problems` entry (e.g. a reduced draft vocabulary, a tap
+            SGLang "cannot be captured"): such a checkpoint would load upstream and draft differently.
+    """
+    if not isinstance(drafter, DFlashDrafter):
+        drafter = load_dflash_checkpoint(drafter)
+    problems = dflash_format_problems(drafter.config)
+    if problems:
+        raise ValueError("this drafter has no DFlash checkpoint format (upstream runtimes would load it and draft "
+                         "differently): " + "; ".join(problems))
+    name = str(dtype).replace("torch.", "")
+    return _write(drafter, Path(out_dir), dtype, "model.safetensors", dflash_config_dict(drafter.config, name))
+
+
+def save_drafter(drafter: DFlashDrafter, out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Save a trained or imported drafter for our engine: the DFlash format when it has one (:func:`export_dflash`),
+    else our own layout (module doc), which every upstream loader refuses. :func:`load_dflash_checkpoint` reads both.
+    """
+    problems = dflash_format_problems(drafter.config)
+    if not problems:
+        return export_dflash(drafter, out_dir, dtype)
+    config = dflash_config_dict(drafter.config, str(dtype).replace("torch.", ""))
+    config.update(architectures=[OWN_ARCHITECTURE], model_type=DFlashDrafterConfig.model_type,
+                  not_dflash_format=problems)
+    return _write(drafter, Path(out_dir), dtype, OWN_WEIGHTS, config)
 
 
 def check_dflash_checkpoint(path: str | os.PathLike, for_sglang: bool = True) -> list[str]:
     """Problems SGLang would hit (or silently ignore) with the checkpoint at ``path``; empty = loadable.
 
-    ``for_sglang=False`` skips the one check that only SGLang needs (no tap of the target's last layer).
+    ``for_sglang=False`` checks for our own loader instead: it skips the one check that only SGLang needs (no tap
+    of the target's last layer) and accepts our own layout (:func:`save_drafter`).
     """
     path = Path(path)
     problems = []
@@ -135,7 +197,11 @@ def check_dflash_checkpoint(path: str | os.PathLike, for_sglang: bool = True) ->
     for k in REQUIRED_CONFIG_KEYS:
         if k not in cfg:
             problems.append(f"config.json lacks '{k}'")
-    if cfg.get("architectures", [None])[0] != "DFlashDraftModel":
+    arch = (cfg.get("architectures") or [None])[0]
+    if arch == OWN_ARCHITECTURE and for_sglang:
+        problems.append("saved in dscout's own layout, not the DFlash format: "
+                        + "; ".join(cfg.get("not_dflash_format") or []))
+    elif arch not in ("DFlashDraftModel", OWN_ARCHITECTURE):
         problems.append("architectures[0] must be 'DFlashDraftModel'")
     dc = cfg.get("dflash_config", {})
     ids = dc.get("target_layer_ids", cfg.get("target_layer_ids"))
@@ -147,6 +213,8 @@ def check_dflash_checkpoint(path: str | os.PathLike, for_sglang: bool = True) ->
     mask = dc.get("mask_token_id", cfg.get("mask_token_id"))
     if mask is None or not 0 <= mask < cfg.get("vocab_size", 0):
         problems.append(f"mask_token_id {mask} is not a row of the target embedding")
+    if _rope(cfg) is None:
+        problems.append("config.json has neither 'rope_theta' nor 'rope_parameters.rope_theta'")
     if cfg.get("hidden_act") != "silu":
         problems.append("hidden_act must be silu")
     names, shapes = set(), {}
@@ -160,7 +228,8 @@ def check_dflash_checkpoint(path: str | os.PathLike, for_sglang: bool = True) ->
         if n not in names:
             problems.append(f"missing tensor {n}")
     if "fc.weight" in shapes and ids is not None:
-        want = (cfg["hidden_size"], len(ids) * cfg["hidden_size"])
+        width = (cfg.get("dscout") or {}).get("target_hidden_size") or cfg["hidden_size"]
+        want = (cfg["hidden_size"], len(ids) * width)
         if shapes["fc.weight"] != want:
             problems.append(f"fc.weight has shape {shapes['fc.weight']}, SGLang expects {want}")
     return problems
@@ -178,9 +247,7 @@ def load_dflash_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torch.f
         raise ValueError(f"{path} is not a loadable DFlash checkpoint: " + "; ".join(problems))
     c = json.loads((path / "config.json").read_text())
     dc = c.get("dflash_config", {})
-    rope = {"rope_type": "default", "rope_theta": float(c.get("rope_theta", 1e6))}
-    if c.get("rope_scaling"):
-        rope.update(c["rope_scaling"])
+    rope = _rope(c)
     extra = c.get("dscout", {})
     cfg = DFlashDrafterConfig(
         vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],

@@ -11,7 +11,10 @@ SmolLM2-135M took 1.6-2x one AR step, which no drafter can pay back. Two remedie
   (median of 15 forwards with a 200-token KV cache): 1 token 56 -> 44 ms, 4 tokens 101 -> 58 ms, 8 tokens
   118 -> 67 ms; logits agree to 1e-4.
 * :func:`project` computes the LM-head projection from the packed weight when there is one, else as
-  ``(W @ x^T)^T`` for 2..16 rows (2-3x faster than ``x @ W^T`` for a ``[49152, 576]`` head under MKL).
+  ``(W @ x^T)^T`` for 4..16 rows (up to 2-3x faster than ``x @ W^T`` for a ``[49152, 576]`` head under MKL, whose
+  cost it keeps at one pass over ``W``, ~17 ms single-threaded). For 1..3 rows MKL's own ``x @ W^T`` is the faster
+  one (2-3 rows: 7-10 ms vs 16-17 ms, measured beside z-lab's ``dflash_generate`` whose drafter projects its
+  ``bs - 1 = 3`` rows that way; benchmarks/upstream_parity).
 
 Both fall back to ``F.linear`` when gradients are enabled, off the CPU, for non-float32 tensors, when oneDNN is
 missing, or when the weight changed after packing (its ``_version`` moved).
@@ -74,7 +77,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     if packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not 1 < rows <= 16:
+    if not 4 <= rows <= 16:
         return F.linear(x, weight, bias)
     out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
     if bias is not None:

@@ -50,11 +50,12 @@ def import_pretrained_drafter(kind: str, source: str, target, out_dir: str | os.
 
 
 def import_dflash(path: str, target, out: Path):
-    """A DFlash-format checkpoint (z-lab): re-exported in the same format (SGLang serves it as is)."""
-    from .export import export_dflash, load_dflash_checkpoint
+    """A DFlash-format checkpoint (z-lab ``DFlashDraftModel.save_pretrained``): re-saved in the same format (SGLang
+    serves it as is; :func:`~dscout.models.export.save_drafter`)."""
+    from .export import load_dflash_checkpoint, save_drafter
 
     drafter = load_dflash_checkpoint(path, dtype=torch.float32).attach_target(target)
-    export_dflash(drafter, out, dtype=target.dtype, for_sglang=False)
+    save_drafter(drafter, out, dtype=target.dtype)
     return drafter, f"{len(drafter.config.target_layer_ids)}t{drafter.config.num_hidden_layers}d"
 
 

@@ -124,13 +124,13 @@ class DFlashMethod:
                                      distill_weight=float(self.cfg.options.get("distill_weight", 0.0)))
 
     def save(self, model, out_dir) -> dict:
-        from ..models.export import export_dflash
+        from ..models.export import dflash_format_problems, save_drafter
 
         model.fold_tap_scale()  # the checkpoint is a plain DFlash drafter ...
-        export_dflash(model, out_dir, dtype=next(model.parameters()).dtype, for_sglang=False)  # ... SGLang's layout
+        save_drafter(model, out_dir, dtype=next(model.parameters()).dtype)  # ... in the DFlash format when it has one
         c = model.config
         return {"label": c.label, "recipe": self.cfg.recipe, "recipe_resolved": self.recipe.to_dict(),
-                "sglang_servable": max(c.target_layer_ids) <= c.num_target_layers - 2}
+                "sglang_servable": not dflash_format_problems(c)}
 
 
 def response_token_counts(source, vocab_size: int) -> torch.Tensor:
@@ -181,7 +181,7 @@ class Eagle3Method:
 
     def prepare(self, source, target) -> None:
         """The draft vocabulary: the most frequent response tokens of the training data (d2t / t2d)."""
-        from ..models.eagle3 import build_vocab_map
+        from ..models.common import build_vocab_map
 
         d2t, t2d = build_vocab_map(response_token_counts(source, target.vocab_size),
                                    self.model.config.draft_vocab_size)
