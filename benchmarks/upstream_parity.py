@@ -5,7 +5,10 @@ One full-vocabulary DScout drafter is trained briefly by the pipeline (``benchma
 over ``config.yaml``: 48 response sequences, 200 updates; equality and time per token are measured, not quality),
 exported with :func:`dscout.models.export.export_dflash` and loaded by ``DFlashDraftModel.from_pretrained``. One
 prompt of each of the six benchmarks is then decoded greedily at bs 4 and 16 by both runtimes in the same process,
-one after the other (ours first, then upstream's, per prompt and repeat), on the same target object:
+one after the other (ours first, then upstream's, per prompt and repeat), each runtime on its own copy of the
+target as it runs in practice: ours as the benchmark stage runs it (the target's and the drafter's linear layers on
+oneDNN pre-packed weights, :func:`dscout.models.linear.pack_linears`, the kernels AR uses too), upstream's as
+``dflash_generate`` is called on a plain transformers model:
 
 * τ (mean committed tokens per draft round) and every round's accept length, from both runtimes (must be equal);
 * time per output token, as ``dflash_generate`` defines it (decode wall time, prefill excluded, over every output
@@ -74,6 +77,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cores", type=int, default=2, help="Snakemake cores for training the drafter")
+    ap.add_argument("--no-packed", dest="packed", action="store_false",
+                    help="run our engine on plain (unpacked) weights too, as upstream's")
     args = ap.parse_args(argv)
 
     import torch
@@ -84,6 +89,7 @@ def main(argv=None) -> None:
     from dscout.decoding.engine import SpeculativeEngine
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.models.export import export_dflash, load_dflash_checkpoint
+    from dscout.models.linear import pack_linears
     from dscout.models.target import TargetModel
     from tests import upstream
 
@@ -95,7 +101,8 @@ def main(argv=None) -> None:
     dm._cuda_time = time.perf_counter  # its return_stats clock calls torch.cuda.synchronize
 
     target_dir = next((ROOT / "results" / "target").glob("smollm2-*"))
-    target = TargetModel.load(target_dir)
+    target = TargetModel.load(target_dir)  # ours (packed below, after the export)
+    plain_target = TargetModel.load(target_dir)  # upstream's
     stops = stop_token_ids(target, ["<|im_end|>"])
     drafter = load_dflash_checkpoint(drafter_dir).attach_target(target).eval()
     export = ROOT / "results" / "upstream_parity" / "export"
@@ -108,6 +115,9 @@ def main(argv=None) -> None:
     for b in BENCHMARKS:
         p = load_benchmark(b, data_root, 1, seed=1)[0]
         prompts.append((b, chat_prompt_ids(target.tokenizer, [{"role": "user", "content": p.turns[0]}])))
+    if args.packed:  # as the bench stage runs every method, AR included (evaluation/methods.build_methods)
+        pack_linears(target.model, extra_weights=(target.lm_head.weight,))
+        pack_linears(drafter)
     engine = SpeculativeEngine(target, BlockDiffusionProposer(drafter), stop_token_ids=stops)
 
     def ours(ids, bs):
@@ -117,7 +127,7 @@ def main(argv=None) -> None:
 
     def theirs(ids, bs):
         t0 = time.perf_counter()
-        r = dm.dflash_generate(model, target.model, torch.tensor([ids]), args.max_new_tokens, stops,
+        r = dm.dflash_generate(model, plain_target.model, torch.tensor([ids]), args.max_new_tokens, stops,
                                block_size=bs, return_stats=True)
         return r, time.perf_counter() - t0
 
@@ -148,7 +158,8 @@ def main(argv=None) -> None:
     res = {"drafter": str(drafter_dir.relative_to(ROOT)), "training": {
         k: summary.get(k) for k in ("steps", "train_seconds", "wall_seconds", "label", "recipe")},
         "target": str(target_dir.relative_to(ROOT)), "max_new_tokens": args.max_new_tokens,
-        "threads": args.threads, "repeats": args.repeats, "cpu": platform.processor() or platform.machine(),
+        "threads": args.threads, "repeats": args.repeats, "ours_packed_linears": args.packed,
+        "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": load_after,
         "busy_before": busy_before, "busy_after": busy_after, "rows": rows}
     (out / "results.json").write_text(json.dumps(res, indent=1))
@@ -160,8 +171,10 @@ def write_report(res: dict, path: Path) -> None:
     lines = ["# Our engine vs z-lab's `dflash_generate` on SmolLM2-135M-Instruct (CPU)", "",
              f"Drafter `{res['drafter']}` (full vocabulary, trained by the pipeline: {res['training']}); "
              f"greedy, max {res['max_new_tokens']} new tokens, one prompt per benchmark, {res['repeats']} repeats, "
-             f"{res['threads']} thread(s), torch {res['torch']}. Same process, same target object, ours then "
-             "upstream's per prompt and repeat. Regenerate: `python benchmarks/upstream_parity.py`; where the time goes: "
+             f"{res['threads']} thread(s), torch {res['torch']}. Same process, ours then upstream's per prompt and "
+             "repeat, each on its own copy of the target: ours "
+             f"{'with oneDNN pre-packed linear weights, as the bench stage runs every method' if res.get('ours_packed_linears') else 'on plain weights'}"
+             ", upstream's on the plain transformers model. Regenerate: `python benchmarks/upstream_parity.py`; where the time goes: "
              "`analysis.md`.", "",
              "| bs | benchmark | τ ours | τ upstream | same tokens & rounds | ms/token ours | ms/token upstream | "
              "e2e ms/token ours | e2e ms/token upstream | draft ms/round | verify ms/round |",
