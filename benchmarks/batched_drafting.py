@@ -40,16 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def draft_cost(target, drafter, cs, bss, ctx, committed, repeats, seed=0):
     """Median seconds of one round's drafter work per (layout, c, bs)."""
     import torch
@@ -118,11 +108,19 @@ def draft_cost(target, drafter, cs, bss, ctx, committed, repeats, seed=0):
                 state["seg"] = torch.cat([state["seg"], ctx_seg])
                 state["pos"] = [p + committed for p in state["pos"]]
 
+            fns = {"loop": run_loop, "padded": run_padded, "packed": run_packed}
+            times = {k: [] for k in fns}
             with torch.no_grad():
-                for layout, fn in (("loop", run_loop), ("padded", run_padded), ("packed", run_packed)):
-                    secs = _median_time(fn, repeats)
-                    rows.append({"layout": layout, "c": c, "bs": bs, "seconds": secs})
-                    print(f"draft cost c={c:2d} bs={bs:2d} {layout:6s} {1e3 * secs:8.1f} ms", flush=True)
+                for fn in fns.values():  # warm-up
+                    fn()
+                for _ in range(repeats):  # interleaved, so that a slow spell of a shared machine hits every layout
+                    for k, fn in fns.items():
+                        t0 = time.perf_counter()
+                        fn()
+                        times[k].append(time.perf_counter() - t0)
+            for k, ts in times.items():
+                rows.append({"layout": k, "c": c, "bs": bs, "seconds": statistics.median(ts), "all_seconds": ts})
+                print(f"draft cost c={c:2d} bs={bs:2d} {k:6s} {1e3 * statistics.median(ts):8.1f} ms", flush=True)
     return rows
 
 
@@ -262,14 +260,14 @@ def main(argv=None):
     ap.add_argument("--out", default="results/batched_drafting")
     ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
-    ap.add_argument("--block-sizes", type=int, nargs="+", default=[2, 3, 4, 8])
+    ap.add_argument("--block-sizes", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--old-block-sizes", type=int, nargs="+", default=[3])
     ap.add_argument("--draft-block-sizes", type=int, nargs="+", default=[4, 16])
     ap.add_argument("--committed", type=int, default=2, help="new tokens per request per round (part 1)")
     ap.add_argument("--context", type=int, default=160, help="context tokens (part 1)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--note", default="", help="what else ran on the machine (goes into the report)")
     a = ap.parse_args(argv)
 
@@ -300,7 +298,7 @@ def main(argv=None):
     stops = stop_token_ids(target, ["<|im_end|>"])
     t0 = time.perf_counter()
     with torch.no_grad():
-        cost = draft_cost(target, drafter, a.concurrency, a.draft_block_sizes, a.context, a.committed, 5)
+        cost = draft_cost(target, drafter, a.concurrency, a.draft_block_sizes, a.context, a.committed, 7)
     t1 = time.perf_counter()
     settings = {"calibration_block_sizes": [1, 2, 3, 4, 6, 8, 12, 16], "calibration_repeats": 3}
     serve = serving(target, drafter, prompts, stops, a.concurrency, a.block_sizes, a.old_block_sizes, a.repeats,

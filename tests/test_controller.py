@@ -238,8 +238,9 @@ def test_verify_uses_the_measured_table_at_a_calibrated_concurrency():
     # the dip (6: 0.080, 8: 0.072) is pooled to its mean: bs 8 is never "cheaper" than bs 6
     assert lat.verify_seconds(6) == pytest.approx(0.076) == lat.verify_seconds(7) == lat.verify_seconds(8)
     assert lat.verify_seconds(1) <= lat.verify_seconds(2)  # extrapolated below the table with the line's slope
-    costs = [lat.verify_seconds(b) for b in range(1, 17)]
-    assert costs == sorted(costs)
+    costs = [lat.verify_seconds(b) for b in range(1, 33)]
+    assert costs == sorted(costs)  # above the table too: from its last point, never the line below it
+    assert lat.verify_seconds(24) >= lat.verify_seconds(16) == pytest.approx(0.090)
     v0, v1, v2 = lat.verify
     assert lat.verify_seconds(4, 8) == pytest.approx(v0 + 8 * v1 + 32 * v2)  # c = 8 was not calibrated: the line
     back = LatencyModel(**dataclasses.asdict(lat))

@@ -18,7 +18,8 @@ A round of block-diffusion speculative decoding (docs/method.md §4, §5) at con
 * ``T_verify(bs, c) = v_0 + v_1 * c + v_2 * c * bs``: one target forward over ``c`` rows of ``bs`` tokens. At a
   calibrated c the measured verify times are interpolated between the calibrated bs instead (a verify of a few
   tokens is memory-bound and kernels change cost in steps, which a straight line smooths over); the line serves
-  other c and extrapolates below the smallest calibrated bs.
+  other c and extrapolates below the smallest and above the largest calibrated bs (from the nearest measured point
+  with the line's slope).
 
 :func:`calibrate_latency` measures every term on the real target and drafter (synthetic context of
 ``context_tokens`` tokens, median of ``repeats`` timings per point; drafter-layer slices ``1..d`` for the
@@ -131,7 +132,9 @@ class LatencyModel:
         for (b0, t0), (b1, t1) in zip(points, points[1:]):
             if bs <= b1:
                 return t0 + (t1 - t0) * (bs - b0) / (b1 - b0)
-        return line
+        # above the calibrated range: never below the last measured point plus the line's slope (the line alone
+        # can sit below the measurements there and would make long blocks look cheap)
+        return max(line, points[-1][1] + v2 * concurrency * (bs - points[-1][0]))
 
     def round_seconds(self, bs: int, concurrency: int = 1, committed: float | None = None,
                       pending: float | None = None) -> float:
