@@ -93,3 +93,148 @@ def test_serving_records_and_table4_pick_the_best_block_size(target, tmp_path):
     with pytest.raises(ValueError, match="needs 5 prompts"):
         serving_records(target, factories, prompts, ["a", "b", "c"], 5, 10, sizes, [0])
     assert table4_rows(recs)[0]["ar_tokens_per_s"] > 0
+
+
+def _ragged_state(target, d, lengths, seed):
+    """Left-padded prompt taps [B, P, tD] with validity, the per-request taps, and random later commits."""
+    g = torch.Generator().manual_seed(seed)
+    taps = []
+    for n in lengths:
+        ids = torch.randint(1, 63, (1, n), generator=g)
+        taps.append(target(ids, layer_ids=d.config.target_layer_ids).taps[0])
+    P, width = max(lengths), taps[0].shape[-1]
+    padded = torch.zeros(len(lengths), P, width, dtype=taps[0].dtype)
+    valid = torch.zeros(len(lengths), P, dtype=torch.bool)
+    for i, t in enumerate(taps):
+        padded[i, P - len(t):], valid[i, P - len(t):] = t, True
+    return padded, valid, taps, g
+
+
+def test_one_forward_batched_drafts_equal_each_request_alone(target):
+    """Ragged prompts, ragged commits and ragged draft counts: the one-forward drafts (and q) of every row equal
+    the drafts that row's own proposer makes alone."""
+    from dscout.decoding.proposers import BatchedBlockDiffusionProposer
+
+    d = tiny_drafter(target, layers=2, block_size=8)
+    lengths = [3, 11, 6, 1]
+    padded, valid, taps, g = _ragged_state(target, d, lengths, 0)
+    group = BatchedBlockDiffusionProposer(d, sample_drafts=True)
+    group.start(padded, valid)
+    alone = [BlockDiffusionProposer(d, sample_drafts=True) for _ in lengths]
+    for p, t in zip(alone, taps):
+        p.start(t)
+    pos = list(lengths)
+    for rnd, ks in enumerate([[3, 7, 0, 5], [7, 1, 4, 7], [2, 2, 2, 0]]):
+        last = torch.randint(1, 63, (len(lengths),), generator=g).tolist()
+        got = group.propose(last, pos, ks, temperature=1.0, generator=torch.Generator().manual_seed(rnd))
+        greedy = group.propose(last, pos, ks)  # nothing kept: drafting again changes no state
+        for i, p in enumerate(alone):
+            if ks[i] == 0:
+                assert got[i] is None and greedy[i] is None
+                continue
+            ref = p.propose(last[i], pos[i], ks[i], temperature=1.0, generator=torch.Generator().manual_seed(0))
+            assert torch.allclose(got[i].probs, ref.probs, atol=1e-10)
+            assert greedy[i].tokens.tolist() == p.propose(last[i], pos[i], ks[i]).tokens.tolist()
+        for i, p in enumerate(alone):  # ragged commits, kept until the next draft
+            m = int(torch.randint(1, 5, (1,), generator=g))
+            t = torch.randn(m, padded.shape[-1], generator=g, dtype=padded.dtype)
+            group.commit(i, t)
+            p.commit(t)
+            pos[i] += m
+        assert group.pending_tokens == max(p - group._next_pos[i] for i, p in enumerate(pos))
+
+
+def test_deferred_commit_drafts_equal_committing_every_round(target):
+    """Resuming after k rounds without drafts (their taps kept, not written) drafts what committing every round
+    does, and the skipped rounds do no drafter work; for the one-request and the batched proposer."""
+    from dscout.decoding.proposers import BatchedBlockDiffusionProposer
+
+    d = tiny_drafter(target, layers=2, block_size=8)
+    lengths = [5, 9]
+    padded, valid, taps, g = _ragged_state(target, d, lengths, 1)
+    eager = BlockDiffusionProposer(d, sample_drafts=True, defer_commits=False)
+    lazy = BlockDiffusionProposer(d, sample_drafts=True)
+    beager = BatchedBlockDiffusionProposer(d, sample_drafts=True, defer_commits=False)
+    blazy = BatchedBlockDiffusionProposer(d, sample_drafts=True)
+    eager.start(taps[0])
+    lazy.start(taps[0])
+    beager.start(padded, valid)
+    blazy.start(padded, valid)
+    pos, kept = list(lengths), 0
+    for k_skipped in (0, 1, 4, 9):
+        written, bwritten = lazy._cache.get_seq_length(), blazy._cache.get_seq_length()
+        for _ in range(k_skipped):  # rounds at bs 1: one committed token per request
+            t = torch.randn(2, 1, padded.shape[-1], generator=g, dtype=padded.dtype)
+            eager.commit(t[0])
+            lazy.commit(t[0])
+            for p in (beager, blazy):
+                for i in range(2):
+                    p.commit(i, t[i])
+                p.end_round()
+            pos = [x + 1 for x in pos]
+        assert lazy._cache.get_seq_length() == written and blazy._cache.get_seq_length() == bwritten  # no work
+        assert lazy.pending_tokens == blazy.pending_tokens == kept + k_skipped
+        a = eager.propose(7, pos[0], 5, 1.0, torch.Generator().manual_seed(0))
+        b = lazy.propose(7, pos[0], 5, 1.0, torch.Generator().manual_seed(0))
+        assert torch.allclose(a.probs, b.probs, atol=1e-10) and a.tokens.tolist() == b.tokens.tolist()
+        assert lazy.pending_tokens == 0 and lazy._cache.get_seq_length() == eager._cache.get_seq_length()
+        ra, rb = beager.propose([7, 9], pos, [5, 3]), blazy.propose([7, 9], pos, [5, 3])
+        assert [x.tokens.tolist() for x in ra] == [x.tokens.tolist() for x in rb] and blazy.pending_tokens == 0
+        # the drafting round commits x + 2 accepted drafts: kept until the next draft
+        m = torch.randn(2, 3, padded.shape[-1], generator=g, dtype=padded.dtype)
+        eager.commit(m[0])
+        lazy.commit(m[0])
+        for p in (beager, blazy):
+            for i in range(2):
+                p.commit(i, m[i])
+            p.end_round()
+        pos, kept = [x + 3 for x in pos], 3
+
+
+def _count_drafter_calls(d):
+    calls = {"n": 0}
+    forward, materialize = d.forward, d.materialize_context
+
+    def counted_forward(*a, **k):
+        calls["n"] += 1
+        return forward(*a, **k)
+
+    def counted_materialize(*a, **k):
+        calls["n"] += 1
+        return materialize(*a, **k)
+
+    d.forward, d.materialize_context = counted_forward, counted_materialize
+    return calls
+
+
+def test_rounds_without_drafts_do_no_drafter_work_and_stay_exact(target):
+    """The controller priced out of drafting (a costly drafter): every round is bs 1 and the drafter is never
+    called after the prompt; the batched engine with the controller and a real drafter stays equal to AR."""
+    from dscout.decoding.controller import BlockSizeController
+    from dscout.decoding.latency import LatencyModel
+
+    d = tiny_drafter(target, layers=1, block_size=8)
+    costly = LatencyModel(num_taps=2, num_layers=1, draft=[1.0, 0.0, 0.0, 0.0], commit=[0.0, 1e-4],
+                          verify=[0.05, 0.001, 0.001])
+    prompts = _prompts(4, 5)
+    ar = SpeculativeEngine(target, stop_token_ids=[0])
+    refs = [ar.generate(p, 16).output_ids for p in prompts]
+    calls = _count_drafter_calls(d)
+    out = BatchedSpeculativeEngine(target, lambda: BlockDiffusionProposer(d), stop_token_ids=[0],
+                                   controller=BlockSizeController(costly, 8)).generate(prompts, 16, block_size=8)
+    assert set(out.block_sizes) == {1} and calls["n"] == 1  # the prompts' write, in the prefill
+    assert [r.output_ids for r in out.results] == refs
+    calls["n"] = 0
+    one = SpeculativeEngine(target, BlockDiffusionProposer(d), stop_token_ids=[0],
+                            controller=BlockSizeController(costly, 8)).generate(prompts[0], 16, block_size=8)
+    assert set(one.block_sizes) == {1} and calls["n"] == 1 and one.output_ids == refs[0]
+    del d.forward, d.materialize_context
+    # a controller that drafts sometimes: catch-ups after skipped rounds, still AR token for token
+    cheap = LatencyModel(num_taps=2, num_layers=1, draft=[0.003, 0.0, 0.0, 0.0], commit=[0.0, 1e-4],
+                         verify=[0.05, 0.0, 0.001])
+    for batched_draft in (True, False):
+        ctl = BlockSizeController(cheap, 8, prior=0.3, decay=0.7)
+        out = BatchedSpeculativeEngine(target, lambda: BlockDiffusionProposer(d), stop_token_ids=[0], controller=ctl,
+                                       batched_draft=batched_draft).generate(prompts, 16, block_size=8)
+        assert [r.output_ids for r in out.results] == refs
+        assert len(out.drafter_seconds) == len(out.block_sizes) == len(out.catchup_tokens)

@@ -151,14 +151,18 @@ def test_calibration_fits_every_term_and_round_trips(tmp_path, target):
     lat = calibrate_latency(target, BlockDiffusionProposer(d), [1, 2, 4, 8, 16], concurrency=[1, 4],
                             context_tokens=24, repeats=2)
     parts = {s["part"] for s in lat.samples}
-    assert parts == {"draft", "commit", "verify"}
-    assert {s["layers"] for s in lat.samples if s["part"] == "draft"} == {1, 2}  # the d slices
-    assert {s["bs"] for s in lat.samples if s["part"] == "draft"} == {2, 4, 8, 16}  # bs 1 drafts nothing
+    assert parts == {"draft", "verify"}  # the catch-up is measured inside draft forwards (deferred commits)
+    drafts = [s for s in lat.samples if s["part"] == "draft"]
+    assert {s["layers"] for s in drafts if s["c"] == 1} == {1, 2}  # the d slices
+    assert {(s["bs"], s["c"]) for s in drafts if not s["pending"]} == {(b, c) for b in (2, 4, 8, 16) for c in (1, 4)}
+    assert {(s["c"], s["pending"]) for s in drafts if s["pending"]} == {(1, 16), (1, 23), (4, 16), (4, 23)}
+    assert lat.commit[0] == 0.0  # the catch-up rides in the draft forward: no fixed cost of its own
     assert {(s["bs"], s["c"]) for s in lat.samples if s["part"] == "verify"} == {(b, c) for b in (1, 2, 4, 8, 16)
                                                                                    for c in (1, 4)}
     assert lat.context_tokens == 24
     assert lat.num_layers == 2 and lat.num_taps == len(d.config.target_layer_ids)
     assert lat.round_seconds(8, 4) > 0 and lat.draft_seconds(1) == 0.0
+    assert lat.round_seconds(1, 4) == lat.verify_seconds(1, 4)  # no drafts: a target step
     lat.to_json(tmp_path / "latency.json")
     back = LatencyModel.from_json(tmp_path / "latency.json")
     assert back.round_seconds(8, 4) == pytest.approx(lat.round_seconds(8, 4))
@@ -166,23 +170,59 @@ def test_calibration_fits_every_term_and_round_trips(tmp_path, target):
 
 
 def test_fit_recovers_a_known_latency_model():
-    true = cpu_like_latency(d=3)
+    """Batched draft samples (1..d layers at c 1, every c at d layers, forwards that first write kept tokens) and
+    verify samples give back the model's draft, catch-up and verify terms."""
+    true = dataclasses.replace(cpu_like_latency(d=3), commit=[0.0, 0.0002])
     samples = []
     for bs in (2, 4, 8, 16, 32):
         for j in (1, 2, 3):
-            samples.append({"part": "draft", "bs": bs, "c": 1, "layers": j, "tokens": bs,
+            samples.append({"part": "draft", "bs": bs, "c": 1, "layers": j, "tokens": bs, "pending": 0,
                             "seconds": true.draft_seconds(bs, j)})
         for c in (1, 8, 32):
             samples.append({"part": "verify", "bs": bs, "c": c, "layers": None, "tokens": c * bs,
                             "seconds": true.verify_seconds(bs, c)})
-    samples += [{"part": "commit", "bs": None, "c": 1, "layers": 3, "tokens": m, "seconds": true.commit_seconds(m)}
-                for m in (1, 16, 32)]
+            samples.append({"part": "draft", "bs": bs, "c": c, "layers": 3, "tokens": c * bs, "pending": 0,
+                            "seconds": true.draft_seconds(bs, 3, c)})
+    for c in (1, 8):
+        for m in (32, 128):
+            samples.append({"part": "draft", "bs": 2, "c": c, "layers": 3, "tokens": 2 * c, "pending": m,
+                            "seconds": true.draft_seconds(2, 3, c) + true.commit_seconds(m, c)})
     fit = LatencyModel.fit(samples, 5, 3)
     for bs in (3, 12, 24):
         for c in (1, 16):
             assert fit.round_seconds(bs, c, 4.0) == pytest.approx(true.round_seconds(bs, c, 4.0), rel=1e-6)
+            assert fit.round_seconds(bs, c, 4.0, pending=50) == pytest.approx(true.round_seconds(bs, c, 4.0, 50),
+                                                                              rel=1e-6)
+    assert fit.commit == pytest.approx([0.0, 0.0002], abs=1e-9)
+    # one forward for the batch: the fixed cost is paid once per round, not c times
+    assert fit.draft_seconds(8, concurrency=16) < 16 * fit.draft_seconds(8)
+    assert fit.round_seconds(1, 16) == pytest.approx(true.verify_seconds(1, 16))  # bs 1: no drafter term
     with pytest.raises(ValueError, match="verify"):
         LatencyModel.fit([s for s in samples if s["part"] != "verify"], 5, 3)
+    with pytest.raises(ValueError, match="commit"):
+        LatencyModel.fit([s for s in samples if not s.get("pending")], 5, 3)
+    # a legacy calibration (separate commit samples) still fits its commit term
+    legacy = [s for s in samples if not s.get("pending")]
+    legacy += [{"part": "commit", "bs": None, "c": 1, "layers": 3, "tokens": m, "seconds": true.commit_seconds(m)}
+               for m in (1, 16, 32)]
+    assert LatencyModel.fit(legacy, 5, 3).commit == pytest.approx([0.0, 0.0002], abs=1e-9)
+
+
+def test_catchup_backlog_is_priced_and_spread_over_the_tokens_left():
+    """After skipped rounds the first draft writes the backlog: the controller pays it when enough tokens remain
+    for drafting to earn it back, not near the end, and a backlog never changes the choice when it is small."""
+    lat = dataclasses.replace(cpu_like_latency(), commit=[0.0, 0.002])  # 2 ms per kept token and request
+    ctl = BlockSizeController(lat, 16, prior_strength=1e-9)
+    for _ in range(10):
+        ctl.observe(7, 5)  # good acceptance: drafting pays in steady state
+    steady = ctl.choose(4)
+    assert steady > 1 and ctl.choose(4, pending=3) == steady  # one round's commit is in T(bs, c) already
+    assert ctl.choose(4, pending=200, left=128) > 1  # 200 kept tokens x 4 requests: worth it over 64 tokens
+    assert ctl.choose(4, pending=200, left=6) == 1  # ... not for the last 6
+    e = 1 + sum(ctl.tracker.survival()[: steady - 1])
+    extra = lat.commit_seconds(200, 4) - lat.commit_seconds(e, 4)
+    rate = e / (lat.round_seconds(steady, 4, committed=e) + extra * e / 64)
+    assert (rate > 1 / lat.round_seconds(1, 4)) == (ctl.choose(4, pending=200) > 1)
 
 
 def test_verify_uses_the_measured_table_at_a_calibrated_concurrency():
@@ -198,8 +238,9 @@ def test_verify_uses_the_measured_table_at_a_calibrated_concurrency():
     # the dip (6: 0.080, 8: 0.072) is pooled to its mean: bs 8 is never "cheaper" than bs 6
     assert lat.verify_seconds(6) == pytest.approx(0.076) == lat.verify_seconds(7) == lat.verify_seconds(8)
     assert lat.verify_seconds(1) <= lat.verify_seconds(2)  # extrapolated below the table with the line's slope
-    costs = [lat.verify_seconds(b) for b in range(1, 17)]
-    assert costs == sorted(costs)
+    costs = [lat.verify_seconds(b) for b in range(1, 33)]
+    assert costs == sorted(costs)  # above the table too: from its last point, never the line below it
+    assert lat.verify_seconds(24) >= lat.verify_seconds(16) == pytest.approx(0.090)
     v0, v1, v2 = lat.verify
     assert lat.verify_seconds(4, 8) == pytest.approx(v0 + 8 * v1 + 32 * v2)  # c = 8 was not calibrated: the line
     back = LatencyModel(**dataclasses.asdict(lat))

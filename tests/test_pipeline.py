@@ -278,7 +278,7 @@ def test_smoke_dag_runs_the_online_block_size_controller(smoke_run):
         assert all(1 <= n <= b <= r["max_block_size"] for n, b in zip(r["accept_lengths"], r["round_block_sizes"]))
     latency = list((work / "results/bench").rglob("t0/latency-dscout-online-*.json"))
     assert len(latency) == 6 and {s["part"] for s in json.loads(latency[0].read_text())["samples"]} == {
-        "draft", "commit", "verify"}
+        "draft", "verify"}  # the catch-up (deferred commits) is timed inside draft forwards
     table = (work / "results/tables/table3.md").read_text()
     assert "DScout(online) against the fixed block sizes" in table and "Within 3% of the oracle" in table
     assert (work / "results/figures/fig_online.png").stat().st_size > 0

@@ -1,8 +1,15 @@
 """A batched draft-verify engine: c requests decoded together, ragged acceptance, one target verify per round.
 
 Table 4 measures serving at concurrency c. On the cluster SGLang does it; on the CPU this engine does the same
-work in one process: every round each active request drafts ``bs - 1`` tokens with its own proposer (its own
-drafter cache), then **one** target forward verifies all requests' blocks ``[c, bs]`` together.
+work in one process: every round the active requests draft ``bs - 1`` tokens each, in **one** drafter forward over
+the c blocks (:class:`~dscout.decoding.proposers.BatchedBlockDiffusionProposer`: padded ragged contexts, one shared
+drafter cache with a key mask), then **one** target forward verifies all requests' blocks ``[c, bs]`` together.
+Proposers without a batched form (oracles, replays) draft request after request (``batched_draft=False`` forces
+that loop for block-diffusion proposers too: the pre-batching engine, kept for measurement).
+
+The drafter's commits are deferred: after verification each request's committed taps are only kept, and the next
+draft forward writes every request's kept taps first (one batched catch-up). A round in which the controller
+chooses bs 1 therefore does no drafter work at all: it costs one target step, as AR.
 
 Ragged acceptance without per-row cache surgery: the shared ``DynamicCache`` grows by ``bs`` slots per round for
 every row, and a boolean key mask marks which slots hold committed tokens. Rejected drafts (and padding of
@@ -11,8 +18,9 @@ row's RoPE positions come from its own committed length, so each request sees ex
 would see alone. Greedy output per request therefore equals AR up to floating-point near-ties (the verify of a
 row runs in a wider matrix product). Greedy only (Table 4 is greedy).
 
-Timings: per round, the drafting of all requests (``draft_seconds``) and the shared verify
-(``verify_seconds``); per batch, the wall time of the decode loop. Throughput = committed tokens / wall seconds.
+Timings: per round, the drafting of all requests with the controller and bookkeeping (``draft_seconds``), the
+drafter's own calls in it (``drafter_seconds``: drafts + catch-up) and the shared verify (``verify_seconds``);
+per batch, the wall time of the decode loop. Throughput = committed tokens / wall seconds.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ class BatchResult:
         prefill_seconds: the batched prefill.
         block_sizes: per round, the bs an online controller chose (empty without one).
         controller_seconds: the controller's wall seconds (inside the rounds' draft seconds).
+        drafter_seconds: per round, the drafter calls alone (one forward: catch-up + drafts; 0 without drafts).
+        catchup_tokens: per round, the kept tokens per request (most over the rows) written before drafting.
     """
 
     results: list[GenerationResult]
@@ -46,6 +56,8 @@ class BatchResult:
     prefill_seconds: float = 0.0
     block_sizes: list[int] = field(default_factory=list)
     controller_seconds: float = 0.0
+    drafter_seconds: list[float] = field(default_factory=list)
+    catchup_tokens: list[int] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -66,17 +78,21 @@ class BatchedSpeculativeEngine:
         stop_token_ids: token ids that end a request.
         controller: optional :class:`~dscout.decoding.controller.BlockSizeController`: one bs per batch round,
             chosen from the pooled acceptance of the batch's requests and the latency model at the number of
-            active requests c (``block_size`` of :meth:`generate` is then the largest bs it may pick).
+            active requests c (``block_size`` of :meth:`generate` is then the largest bs it may pick); it is told
+            the kept (not yet written) drafter tokens, whose catch-up a draft round pays.
+        batched_draft: draft the batch in one forward when the proposer has a batched form (default); False
+            drafts request after request.
     """
 
     def __init__(self, target, proposer_factory=None, stop_token_ids: list[int] | tuple[int, ...] = (),
-                 controller=None):
+                 controller=None, batched_draft: bool = True):
         self.target = target
         self.proposer_factory = proposer_factory
         self.controller = controller if proposer_factory is not None else None
         self.stop_token_ids = set(stop_token_ids)
         probe = proposer_factory() if proposer_factory else None
         self.layer_ids = list(probe.layer_ids) if probe is not None else []
+        self.batched_draft = batched_draft and callable(getattr(probe, "batched", None))
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, block_size: int = 1) -> BatchResult:
@@ -105,7 +121,12 @@ class BatchedSpeculativeEngine:
         mask |= torch.eye(P, dtype=torch.bool, device=dev)[None, None]  # padded queries see themselves (ignored)
         out = self.target(ids, layer_ids=self.layer_ids, past_key_values=cache, attention_mask=mask,
                           position_ids=pos)
-        proposers = [self.proposer_factory() for _ in range(B)] if self.proposer_factory else [None] * B
+        group = self.proposer_factory().batched() if self.batched_draft else None  # all requests, one forward
+        if group is not None:
+            group.start(out.taps, valid)
+            proposers = [None] * B
+        else:
+            proposers = [self.proposer_factory() for _ in range(B)] if self.proposer_factory else [None] * B
         results, last, length, active = [], [], [], []
         for i, p in enumerate(prompts):
             x = int(out.logits[i, -1].argmax())
@@ -126,13 +147,29 @@ class BatchedSpeculativeEngine:
             bs_round = bs
             if self.controller is not None:
                 left = max(max_new_tokens - len(results[i].output_ids) for i in range(B) if active[i])
-                bs_round = self.controller.choose(sum(active), limit=min(bs, left + 1))
+                kept = group.pending_tokens if group is not None else max(
+                    (getattr(p, "pending_tokens", 0) for p in proposers if p is not None), default=0)
+                bs_round = self.controller.choose(sum(active), limit=min(bs, left + 1), pending=kept, left=left)
                 batch.block_sizes.append(bs_round)
-            drafts = []
-            for i in range(B):
-                k = min(bs_round - 1, max_new_tokens - len(results[i].output_ids)) if active[i] else 0
-                d = proposers[i].propose(last[i], length[i], k) if k > 0 and proposers[i] is not None else None
-                drafts.append(d.tokens.to(dev) if d is not None else torch.empty(0, dtype=torch.long, device=dev))
+            ks = [min(bs_round - 1, max_new_tokens - len(results[i].output_ids)) if active[i] else 0
+                  for i in range(B)]
+            empty = torch.empty(0, dtype=torch.long, device=dev)
+            tp = time.perf_counter()
+            if group is not None:
+                catchup = group.pending_tokens if max(ks) > 0 else 0
+                ds = group.propose(last, length, ks) if max(ks) > 0 else [None] * B
+                drafts = [d.tokens.to(dev) if d is not None else empty for d in ds]
+            else:
+                catchup = 0
+                drafts = []
+                for i in range(B):
+                    k, prop = ks[i], proposers[i]
+                    if k > 0 and prop is not None:
+                        catchup = max(catchup, getattr(prop, "pending_tokens", 0))
+                    d = prop.propose(last[i], length[i], k) if k > 0 and prop is not None else None
+                    drafts.append(d.tokens.to(dev) if d is not None else empty)
+            batch.drafter_seconds.append(time.perf_counter() - tp)
+            batch.catchup_tokens.append(catchup)
             tb = time.perf_counter()
             width = 1 + max(len(d) for d in drafts)
             vids = torch.zeros(B, width, dtype=torch.long, device=dev)
@@ -160,7 +197,9 @@ class BatchedSpeculativeEngine:
                 n, bonus = greedy_accept(torch.as_tensor(drafts[i], device=dev), out.logits[i, : k + 1])
                 observed.append((k, n))
                 committed_slots[i, : n + 1] = True
-                if proposers[i] is not None:
+                if group is not None:
+                    group.commit(i, out.taps[i, : n + 1])
+                elif proposers[i] is not None:
                     proposers[i].commit(out.taps[i, : n + 1], vids[i, : n + 1])
                 res = results[i]
                 emitted, stopped = commit_round(res.output_ids, (drafts[i][:n].tolist() + [bonus])[
@@ -173,6 +212,8 @@ class BatchedSpeculativeEngine:
                 if res.stop_reason == "stop_token" or len(res.output_ids) >= max_new_tokens:
                     active[i] = False
             keys = torch.cat([keys, committed_slots], dim=1)
+            if group is not None:
+                group.end_round()
             if self.controller is not None:
                 self.controller.observe_batch(observed)
             td = time.perf_counter()

@@ -10,6 +10,17 @@ where ``S(k) = a_1 ... a_k`` is the survival product of the per-position conditi
 commits: accepted drafts + the bonus) and ``T`` is the calibrated round time of
 :class:`~dscout.decoding.latency.LatencyModel`.
 
+Deferred commits and the catch-up. A round at bs 1 does no drafter work: its committed tokens are kept and written
+into the drafter's cache by the next draft forward. In steady drafting that write is one round's tokens (priced
+in ``T(bs, c)`` with ``E[L]``); after skipped rounds it is the backlog of ``m`` kept tokens per request, a one-off
+cost ``T_commit(m, c) - T_commit(E[L], c)``. Resuming drafting pays it once and then drafts for the rest of the
+generation, so the controller spreads it over the tokens that remain (at most ``catchup_horizon``): a draft round
+is worth ``E[L] / (T(bs, c) + extra * E[L] / H)`` with ``H = min(tokens left, catchup_horizon)``. A long backlog
+near the end of a generation therefore keeps it at bs 1, while a backlog early on, or a clear gain from drafting,
+does not (charging the whole backlog to one round would make every skipped round a reason to skip the next one).
+While it does not draft, the acceptance counts keep decaying towards the prior, which is what makes it try
+drafting again.
+
 Acceptance statistics (:class:`AcceptanceTracker`): a round that drafted ``k`` tokens and accepted ``n``
 observes positions ``1..min(n + 1, k)``: successes at ``1..n``, a failure at ``n + 1`` when ``n < k``;
 later positions are censored. Counts decay by ``decay`` per round (recent rounds count most), and each
@@ -92,12 +103,13 @@ class BlockSizeController:
         max_block_size: the drafter's largest training horizon (upper bound of bs).
         candidates: bs values to consider (default every bs from 1 to ``max_block_size``; 1 = no drafts).
         decay, prior_strength, prior: see :class:`AcceptanceTracker`.
+        catchup_horizon: tokens over which a resumed drafting regime pays off a catch-up backlog (module doc).
     Attributes:
         overhead_seconds: wall seconds spent in :meth:`choose` and the feedback (the controller's cost per run).
     """
 
     def __init__(self, latency, max_block_size: int, candidates: list[int] | None = None, decay: float = 0.9,
-                 prior_strength: float = 2.0, prior: float = 0.5):
+                 prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
@@ -105,17 +117,22 @@ class BlockSizeController:
         self.candidates = sorted({b for b in (candidates or range(1, max_block_size + 1)) if 1 <= b <= max_block_size})
         self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior)
         self.overhead_seconds = 0.0
+        self.catchup_horizon = max(int(catchup_horizon), 1)
 
     def reset(self) -> None:
         """Forget every observation and the overhead so far (e.g. after an untimed warm-up)."""
         self.tracker.reset()
         self.overhead_seconds = 0.0
 
-    def choose(self, concurrency: int = 1, limit: int | None = None) -> int:
+    def choose(self, concurrency: int = 1, limit: int | None = None, pending: int = 0,
+               left: int | None = None) -> int:
         """The bs of the next round for ``concurrency`` active requests.
 
         Args:
             limit: largest useful bs (e.g. tokens left to generate); default ``max_block_size``.
+            pending: kept tokens per request (most over the requests) a draft this round must write first.
+            left: tokens left to generate (most over the requests), the horizon a catch-up is spread over
+                (capped at ``catchup_horizon``; default the cap).
         Returns:
             bs in ``candidates`` (at most ``limit``; the smallest candidate if none fits).
         """
@@ -126,10 +143,15 @@ class BlockSizeController:
         expected = [1.0]  # expected[bs - 1] = E[L(bs)], one pass over the survival products
         for x in s[: pool[-1] - 1]:
             expected.append(expected[-1] + x)
+        lat, c = self.latency, concurrency
+        horizon = float(self.catchup_horizon if left is None else max(min(left, self.catchup_horizon), 1))
         best, best_rate = pool[0], -1.0
         for bs in pool:
             e = expected[bs - 1]
-            rate = e / self.latency.round_seconds(bs, concurrency, committed=e)
+            t = lat.round_seconds(bs, c, committed=e)
+            if bs > 1 and pending > e:  # a backlog: one-off catch-up, spread over the tokens it pays for
+                t += (lat.commit_seconds(pending, c) - lat.commit_seconds(e, c)) * e / max(horizon, e)
+            rate = e / t
             if rate > best_rate:
                 best, best_rate = bs, rate
         self.overhead_seconds += time.perf_counter() - t0

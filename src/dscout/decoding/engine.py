@@ -12,7 +12,9 @@ One round (docs/method.md §4):
 2. **verify**: one target forward over ``[x, d_1..d_k]`` with the KV cache, tapping the proposer's layers;
 3. **accept**: greedy or lossless sampling (:mod:`dscout.decoding.acceptance`): ``n`` drafts + 1 bonus token;
 4. **roll back** the target KV of the ``k - n`` rejected drafts (``cache.crop(-(k - n))``);
-5. **commit** the taps of ``x, d_1..d_n`` to the proposer; the bonus becomes the next x.
+5. **commit** the taps of ``x, d_1..d_n`` to the proposer; the bonus becomes the next x. A block-diffusion
+   proposer only keeps them and writes them into its cache in the next draft forward (deferred commit), so a
+   round without drafts (bs 1, chosen by the online controller) costs what an AR step costs.
 
 Per round the engine records the accepted length ``n + 1`` (bonus included, in [1, bs]), the draft seconds
 and the verify seconds; per request the output ids, new tokens and decode seconds (prefill excluded; the
@@ -171,7 +173,8 @@ class SpeculativeEngine:
             remaining = max_new_tokens - len(res.output_ids)
             ta = time.perf_counter()
             if controller is not None:
-                bs_round = controller.choose(1, limit=min(block_size, remaining + 1))
+                bs_round = controller.choose(1, limit=min(block_size, remaining + 1),
+                                             pending=getattr(self.proposer, "pending_tokens", 0), left=remaining)
                 res.block_sizes.append(bs_round)
             else:
                 bs_round = block_size

@@ -130,4 +130,5 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, co
                                 or DEFAULT_CALIBRATION_CONTEXT,
                                 repeats=settings.get("calibration_repeats", 5))
     return BlockSizeController(latency, horizon, decay=settings.get("decay", 0.9),
-                               prior_strength=settings.get("prior_strength", 2.0), prior=settings.get("prior", 0.5))
+                               prior_strength=settings.get("prior_strength", 2.0), prior=settings.get("prior", 0.5),
+                               catchup_horizon=settings.get("catchup_horizon", 64))
