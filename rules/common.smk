@@ -36,13 +36,12 @@ wildcard_constraints:
 # project is moved or copied
 CLI = os.path.relpath(Path(workflow.basedir) / "src" / "dscout" / "cli.py")
 # the data mirror: a relative data_root is relative to the project (the folder of the Snakefile and config.yaml),
-# wherever snakemake runs. Jobs get the configured text when they run in the project folder (a rule parameter:
+# wherever snakemake runs. Jobs get the configured text when they run in the project folder (a job parameter, so
 # moving or copying the project then reruns nothing), else the resolved folder relative to their working directory
 # (`snakemake -d elsewhere`). $DSCOUT_DATA_ROOT, when set, wins in the jobs as here.
-if os.path.isabs(config["data_root"]) or Path.cwd().resolve() == Path(workflow.basedir).resolve():
-    DATA_ROOT = config["data_root"]
-else:
-    DATA_ROOT = os.path.relpath(dcfg_fetch.data_root(config["data_root"], workflow.basedir))
+_IN_PROJECT = os.path.isabs(config["data_root"]) or Path.cwd().resolve() == Path(workflow.basedir).resolve()
+DATA_ROOT = (config["data_root"] if _IN_PROJECT
+             else os.path.relpath(dcfg_fetch.data_root(config["data_root"], workflow.basedir)))
 NUM_TARGET_LAYERS = config["target"]["num_layers"]
 TARGET_ID = dcfg.target_id(config)
 RESPONSES_ID = dcfg.responses_id(config)
