@@ -10,6 +10,7 @@ rule prepare_target:
         cli=CLI,
         stage=stage_json(dcfg.prepare_target_stage(config, NUM_TARGET_LAYERS)),
         code=code("target"),
+        data_root=DATA_ROOT,
     log:
         "results/logs/prepare_target/{tid}.log",
     benchmark:
@@ -17,7 +18,8 @@ rule prepare_target:
     conda:
         "../envs/train.yaml"
     shell:
-        "python {params.cli} prepare-target --stage {params.stage:q} --out $(dirname {output}) > {log} 2>&1"
+        "python {params.cli} prepare-target --stage {params.stage:q} --out $(dirname {output}) "
+        "--data-root {params.data_root:q} > {log} 2>&1"
 
 
 rule generate_responses:

@@ -72,7 +72,7 @@ def cmd_prepare_target(a):
 
     st = json.loads(a.stage)
     out = Path(a.out)
-    load_from = prepare_target(st["source"], out)
+    load_from = prepare_target(st["source"], out, a.data_root)
     check_target_shape(load_from, st)
     info = json.loads((out / "target.json").read_text())
     info["load_from"] = str(load_from)
@@ -406,6 +406,7 @@ def main(argv=None):
     p.set_defaults(fn=cmd_fetch_data)
     p = add("prepare-target", cmd_prepare_target, "materialise the target (GGUF -> safetensors) once")
     p.add_argument("--out", required=True)
+    p.add_argument("--data-root", default=None)
     p = add("generate", cmd_generate, "regenerate training responses with the target")
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True)
