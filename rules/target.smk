@@ -22,6 +22,27 @@ rule prepare_target:
         "--data-root {params.data_root:q} > {log} 2>&1"
 
 
+rule write_published:
+    # a drafter whose `pretrained:` is a folder under results/published/ (the miniature paper run) imports a
+    # checkpoint this rule writes in the published layout of its kind (dscout.models.published)
+    message:
+        "Writing a published-layout checkpoint {wildcards.name}"
+    input:
+        target=f"{TARGET_DIR}/target.json",
+    output:
+        f"{PUBLISHED_DIR}/{{name}}/config.json",
+    params:
+        cli=CLI,
+        stage=lambda w: stage_json(PUBLISHED[w.name]),
+    log:
+        "results/logs/write_published/{name}.log",
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python {params.cli} write-published --stage {params.stage:q} --target $(dirname {input.target}) "
+        "--out $(dirname {output}) > {log} 2>&1"
+
+
 rule generate_responses:
     message:
         "Regenerating training responses with the target ({wildcards.rid})"

@@ -155,3 +155,51 @@ def test_plan_refuses_taps_outside_the_target():
     with pytest.raises(ValueError, match=r"drafters.dscout.target_layer_ids: \[8, 9\] outside the target's layers "
                                          r"\[0, 8\) \(target.num_layers\)"):
         dcfg.check_plan(cfg, "mini")
+
+
+@pytest.fixture(scope="module")
+def mini_target(tmp_path_factory):
+    if not (QWEN3_TOK / "tokenizer_config.json").exists():
+        pytest.skip(f"Qwen3's tokenizer is not mirrored at {QWEN3_TOK}")
+    from dscout.models.target import TargetModel, prepare_target
+
+    return TargetModel.load(prepare_target("tiny-qwen3:8", tmp_path_factory.mktemp("t"), DATA))
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "pard2"])
+def test_published_layout_imports_through_the_pretrained_path(kind, mini_target, tmp_path):
+    """The folder the mini run writes is read by the same importer as the hub ids, and passes the plan check;
+    the plan check names the tensor / file a wrong folder lacks."""
+    import os
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from dscout.models.pretrained import import_pretrained_drafter
+    from dscout.models.published import check_published_layout, write_published_eagle3, write_published_pard2
+
+    pub = tmp_path / "pub"
+    if kind == "eagle3":
+        write_published_eagle3(mini_target, pub, draft_vocab_size=64)
+        state = load_file(str(pub / "model.safetensors"))
+        assert state["d2t"].shape == (64,) and state["t2d"].shape == (151936,) and int(state["t2d"].sum()) == 64
+        assert bool(state["t2d"][151645])  # <|im_end|> is in the draft vocabulary
+    else:
+        write_published_pard2(mini_target, pub, num_layers=2, mask_token_id=151669)
+        assert json.loads((pub / "config.json").read_text())["pard_token"] == 151669
+    assert check_published_layout(kind, pub) == []
+    summary = import_pretrained_drafter(kind, str(pub), mini_target, tmp_path / "out")
+    assert summary["pretrained"] == str(pub) and summary["drafter_parameters"] > 0
+    # a wrong folder: what the importer needs is named
+    if kind == "eagle3":
+        state.pop("d2t")
+        save_file(state, str(pub / "model.safetensors"))
+        assert any("no tensor 'd2t'" in p and "model.safetensors" in p for p in check_published_layout(kind, pub))
+    else:
+        os.remove(pub / "warp_model.bin")
+        assert any("no file warp_model.bin" in p for p in check_published_layout(kind, pub))
+    assert check_published_layout("pard2" if kind == "eagle3" else "eagle3", pub)  # the other kind's layout: refused
+    cfg = _mini_cfg()
+    cfg["drafters"][kind]["pretrained"] = str(pub)
+    with pytest.raises(ValueError, match=rf"drafters.{kind}.pretrained: .*(d2t|warp_model.bin)"):
+        dcfg.check_plan(cfg, "mini")

@@ -81,6 +81,20 @@ def cmd_prepare_target(a):
     write_resolved(out / "config.resolved.json", st)
 
 
+def cmd_write_published(a):
+    from dscout.models.published import write_published_eagle3, write_published_pard2
+
+    st = json.loads(a.stage)
+    target = load_target(a.target)
+    if st["kind"] == "eagle3":
+        write_published_eagle3(target, a.out)
+    elif st["kind"] == "pard2":
+        write_published_pard2(target, a.out, num_layers=st["num_layers"], mask_token_id=st.get("mask_token_id"))
+    else:
+        raise ValueError(f"write-published: no published layout is written for kind '{st['kind']}' "
+                         "(eagle3, pard2)")
+
+
 def stop_token_ids(target, extra: list[str]) -> list[int]:
     tok = target.tokenizer
     ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
@@ -407,6 +421,9 @@ def main(argv=None):
     p = add("prepare-target", cmd_prepare_target, "materialise the target (GGUF -> safetensors) once")
     p.add_argument("--out", required=True)
     p.add_argument("--data-root", default=None)
+    p = add("write-published", cmd_write_published, "write a random checkpoint in a published layout (mini run)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True)
     p = add("generate", cmd_generate, "regenerate training responses with the target")
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True)

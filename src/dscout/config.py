@@ -132,6 +132,10 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
     * a method's (or the serving table's, or the depth search's) block size above the largest training horizon
       of its DFlash/DScout drafter (a drafter decodes at any bs up to the horizon it was trained at);
     * ``target.mask_token_id`` outside ``[0, target.vocab_size)`` (the mask must be an existing embedding row);
+    * ``target.enable_thinking`` set for a Qwen3 target whose (locally readable) chat template has no such switch;
+    * a drafter's ``target_layer_ids`` outside ``[0, target.num_layers)``;
+    * a local ``pretrained:`` folder whose files / tensors are not its kind's published layout
+      (:func:`dscout.models.published.check_published_layout`);
     * a benchmark / prompt source that a stage of this config reads with neither a mirror file under
       ``data_root`` nor a reachable hub copy (the message says how to fetch one); with ``HF_HUB_OFFLINE`` /
       ``HF_DATASETS_OFFLINE`` set, the hub copy must be in datasets' cache (where ``load_dataset`` looks offline).
@@ -160,7 +164,13 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
     drafters = config.get("drafters", {})
     problems += _template_problems(t, data_root(config.get("data_root"), project_dir))
     n_layers = t.get("num_layers")
+    from .models.published import check_published_layout  # torch-free
+
     for name, v in drafters.items():
+        pre = v.get("pretrained")
+        if pre and Path(pre).is_dir():  # a local checkpoint: its layout must be its kind's (hub ids: the job)
+            problems += [f"drafters.{name}.pretrained: {p}"
+                         for p in check_published_layout(v.get("kind", "dflash"), pre)]
         outside = [l for l in (v.get("target_layer_ids") or []) if n_layers is not None and not 0 <= l < n_layers]
         if outside:
             problems.append(f"drafters.{name}.target_layer_ids: {outside} outside the target's layers "
