@@ -203,3 +203,44 @@ def test_published_layout_imports_through_the_pretrained_path(kind, mini_target,
     cfg["drafters"][kind]["pretrained"] = str(pub)
     with pytest.raises(ValueError, match=rf"drafters.{kind}.pretrained: .*(d2t|warp_model.bin)"):
         dcfg.check_plan(cfg, "mini")
+
+
+@pytest.fixture(scope="session")
+def paper_mini_run(tmp_path_factory):
+    """presets/paper.yaml + presets/paper_mini.yaml run end to end in a copy of the project, from an empty results/."""
+    if not (QWEN3_TOK / "tokenizer_config.json").exists():
+        pytest.skip(f"Qwen3's tokenizer is not mirrored at {QWEN3_TOK}")
+    from tests.workflow import copy_project
+
+    work = copy_project(tmp_path_factory.mktemp("paper_mini"))
+    r = snakemake("--cores", "2", "--configfile", "presets/paper.yaml", "presets/paper_mini.yaml", cwd=work,
+                  timeout=900)
+    return work, r
+
+
+@pytest.mark.slow
+def test_paper_mini_runs_every_rule_to_every_table_and_figure(paper_mini_run):
+    import re
+
+    work, r = paper_mini_run
+    out = r.stdout + r.stderr
+    ran = set(re.findall(r"^rule (\w+):", out, flags=re.M)) | set(re.findall(r"localrule (\w+):", out))
+    planned = set(re.findall(r"^(\w+)\s+\d+$", out.split("Job stats:")[1].split("total")[0], flags=re.M))
+    assert planned and planned - {"job"} <= ran | {"all"}
+    for name in ("table1", "table2", "table3", "table4"):
+        assert (work / f"results/tables/{name}.md").stat().st_size > 0
+    for name in ("fig2", "fig3", "fig4", "fig5", "fig7", "fig_online"):
+        assert (work / f"results/figures/{name}.png").stat().st_size > 0
+    records = [json.loads(l) for f in (work / "results/bench").rglob("*.jsonl") for l in f.read_text().splitlines()]
+    assert {r["temperature"] for r in records} == {0.0, 1.0} and {r["repeat"] for r in records} == {0, 1}
+    assert {r["method"] for r in records} == {"ar", "dflash", "dscout", "eagle3", "pard2"}
+    greedy = [r for r in records if r["method"] != "ar" and r["temperature"] == 0]
+    assert greedy and all(r["matches_ar"] or r["near_tie"] for r in greedy)
+    summaries = {d.parent.name: json.loads(d.read_text()) for d in (work / "results/drafters").glob("*/training_summary.json")}
+    imported = {s["kind"]: s for s in summaries.values() if s.get("pretrained")}
+    assert set(imported) == {"eagle3", "pard2"} and all(s["pretrained"].startswith("results/published/")
+                                                          for s in imported.values())
+    dscout = next(d for d in summaries if d.startswith("dscout-7t6d-"))
+    assert json.loads((work / "results/drafters" / dscout / "config.json").read_text())["dflash_config"][
+        "target_layer_ids"] == list(range(7))
+    assert list((work / "results/checkpoints/drafters" / dscout).iterdir())  # checkpoint_every wrote checkpoints
