@@ -158,12 +158,46 @@ def test_plan_refuses_taps_outside_the_target():
 
 
 @pytest.fixture(scope="module")
-def mini_target(tmp_path_factory):
+def mini_target_dir(tmp_path_factory):
     if not (QWEN3_TOK / "tokenizer_config.json").exists():
         pytest.skip(f"Qwen3's tokenizer is not mirrored at {QWEN3_TOK}")
-    from dscout.models.target import TargetModel, prepare_target
+    from dscout.models.target import prepare_target
 
-    return TargetModel.load(prepare_target("tiny-qwen3:8", tmp_path_factory.mktemp("t"), DATA))
+    return prepare_target("tiny-qwen3:8", tmp_path_factory.mktemp("t"), DATA)
+
+
+@pytest.fixture(scope="module")
+def mini_target(mini_target_dir):
+    from dscout.models.target import TargetModel
+
+    return TargetModel.load(mini_target_dir)
+
+
+def test_mini_sglang_commands_parse_with_sglangs_parser(mini_target_dir):
+    """The SGLang stages the mini preset runs on CPU backends: the server commands a GPU run of it would launch
+    (the paper's serving keys set back) are built and accepted by SGLang's own parser, with the materialised
+    target folder as the model (never the source string 'tiny-qwen3:8', which SGLang cannot load)."""
+    from dscout.backends.sglang import server_command
+    from dscout.cli import sglang_model_path, sglang_serving_methods
+    from tests import sglang_parser
+
+    model = sglang_model_path(str(mini_target_dir))
+    assert model == str(mini_target_dir) and (mini_target_dir / "config.json").exists()
+    cfg, paper = _mini_cfg(), _yaml(PRESETS[1])
+    cfg["serving"] = {**cfg["serving"], **{k: paper["serving"][k] for k in ("backend", "eagle3_drafter")}}
+    dcfg.check_plan(cfg, "mini with SGLang serving")
+    L = cfg["target"]["num_layers"]
+    ids = {n: dcfg.drafter_id(cfg, n, L) for n in cfg["drafters"]}
+    stage = dcfg.serving_stage(cfg, ids)
+    drafters = {k: f"results/drafters/{ids[k]}" for k in ("dflash", "dscout")}
+    cmds = [(c, m, d, server_command(model, m, 30000, c, d)[3:]) for c in cfg["concurrency"]
+            for _, m, d in sglang_serving_methods(stage, drafters)]
+    assert {m["kind"] for _, m, _, _ in cmds} == {"ar", "eagle3", "dflash", "dscout"}
+    for (c, m, d, _), res in zip(cmds, sglang_parser.parse([argv for *_, argv in cmds])):
+        assert "error" not in res, f"{m['kind']} at c={c}: {res['error']}"
+        assert res["args"]["model_path"] == model
+        if m["kind"] == "eagle3":
+            assert res["algorithm"] == "EAGLE3" and d == "results/published/eagle3"
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "pard2"])

@@ -50,6 +50,20 @@ def load_target(target_dir: str, stage: dict | None = None):
                             attn_implementation=t.get("attn_implementation"))
 
 
+def sglang_model_path(target_dir: str) -> str:
+    """What an SGLang stage loads as the target: the prepared target's ``load_from`` (``target.json``).
+
+    For a hub-id source that is the hub id itself; for a source this project materialises (``tiny-random``,
+    ``tiny-qwen3``, ``gguf:``) it is the folder written by ``prepare_target``, never the source string, which
+    SGLang cannot load. A relative folder that does not exist from here is read from ``target_dir``.
+    """
+    info = json.loads((Path(target_dir) / "target.json").read_text())
+    load_from = str(info["load_from"])
+    if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
+        load_from = str(target_dir)
+    return load_from
+
+
 def check_target_shape(model_dir, stage: dict) -> None:
     """Compare ``target.num_layers`` / ``target.vocab_size`` of the config with a local model's ``config.json``.
 
@@ -121,7 +135,9 @@ def cmd_generate(a):
     if r.get("backend", "transformers") == "sglang":
         from dscout.backends.sglang import generate_responses_sglang
 
-        generate_responses_sglang(st, prompts, out, num_gpus=a.gpus)
+        # the responses stage names no model: SGLang loads the prepared target (hub id or materialised folder)
+        generate_responses_sglang({**st, "target_load_from": sglang_model_path(a.target)}, prompts, out,
+                                  num_gpus=a.gpus)
     else:
         target = load_target(a.target)
         generate_responses(target, prompts, out, max_new_tokens=r["max_new_tokens"], batch_size=r["batch_size"],
@@ -308,7 +324,8 @@ def cmd_serve_cpu(a):
 
         from transformers import AutoTokenizer
 
-        target = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(st["target_source"]))
+        model_path = sglang_model_path(a.target)  # a materialised target (tiny-qwen3, gguf): its folder
+        target = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(model_path))
     else:
         target = load_target(a.target)
     chat = st["chat"]
@@ -326,7 +343,7 @@ def cmd_serve_cpu(a):
         methods = sglang_serving_methods(st, drafters)
         records = []
         for key, method, ddir in methods:
-            recs, summary = serve_benchmark(st["target_source"], {**method, "key": key}, reqs,
+            recs, summary = serve_benchmark(model_path, {**method, "key": key}, reqs,
                                             concurrency=a.concurrency, temperature=0.0,
                                             max_new_tokens=st["max_new_tokens"], repeat=0, drafter_dir=ddir,
                                             log_path=Path(a.out).with_suffix(f".{key}.server.log"))
