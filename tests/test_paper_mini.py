@@ -278,3 +278,18 @@ def test_paper_mini_runs_every_rule_to_every_table_and_figure(paper_mini_run):
     assert json.loads((work / "results/drafters" / dscout / "config.json").read_text())["dflash_config"][
         "target_layer_ids"] == list(range(7))
     assert list((work / "results/checkpoints/drafters" / dscout).iterdir())  # checkpoint_every wrote checkpoints
+
+
+def test_plan_refuses_a_bf16_deepspeed_config_for_a_float32_target():
+    """Found by the mini run: a float32 target with configs/deepspeed/zero2_bf16.json stopped inside every
+    training job (bf16 drafter weights times float32 taps); the plan now names both keys."""
+    cfg = _mini_cfg()
+    dcfg.check_plan(cfg, "mini", project_dir=ROOT)  # bfloat16 target + the paper's ZeRO-2 bf16: fine
+    cfg["target"]["dtype"] = "float32"
+    with pytest.raises(ValueError, match=r"training.deepspeed_config: configs/deepspeed/zero2_bf16.json trains "
+                                         r"drafter '\w+' in bf16 \(bf16.enabled\) but target.dtype is float32"):
+        dcfg.check_plan(cfg, "mini", project_dir=ROOT)
+    cfg["training"]["deepspeed_config"] = "configs/deepspeed/cpu.json"
+    for v in cfg["drafters"].values():
+        v.get("training", {}).pop("deepspeed_config", None)
+    dcfg.check_plan(cfg, "mini", project_dir=ROOT)

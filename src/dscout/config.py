@@ -134,6 +134,8 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
     * ``target.mask_token_id`` outside ``[0, target.vocab_size)`` (the mask must be an existing embedding row);
     * ``target.enable_thinking`` set for a Qwen3 target whose (locally readable) chat template has no such switch;
     * a drafter's ``target_layer_ids`` outside ``[0, target.num_layers)``;
+    * a bf16 DeepSpeed config (``bf16.enabled``) for a target whose ``dtype`` is not bfloat16 (the job would stop
+      at the first matmul of bf16 drafter weights with the target's states);
     * a local ``pretrained:`` folder whose files / tensors are not its kind's published layout
       (:func:`dscout.models.published.check_published_layout`);
     * a benchmark / prompt source that a stage of this config reads with neither a mirror file under
@@ -165,6 +167,24 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
     problems += _template_problems(t, data_root(config.get("data_root"), project_dir))
     n_layers = t.get("num_layers")
     from .models.published import check_published_layout  # torch-free
+
+    for name in drafters:
+        if drafters[name].get("pretrained"):
+            continue
+        ds_path = (drafter_variant(config, name)["training"] or {}).get("deepspeed_config")
+        ds_file = Path(ds_path) if ds_path and Path(ds_path).is_absolute() else Path(project_dir or ".") / str(ds_path)
+        if ds_path and ds_file.is_file():
+            try:
+                bf16 = bool(json.loads(ds_file.read_text()).get("bf16", {}).get("enabled"))
+            except ValueError as err:
+                problems.append(f"drafters.{name}: training.deepspeed_config {ds_path} is not JSON ({err})")
+                continue
+            if bf16 and t.get("dtype") != "bfloat16":
+                problems.append(f"training.deepspeed_config: {ds_path} trains drafter '{name}' in bf16 (bf16.enabled) "
+                                f"but target.dtype is {t.get('dtype')}: the drafter's bf16 weights would meet "
+                                f"{t.get('dtype')} target states inside the job; set target.dtype: bfloat16 or "
+                                "use a DeepSpeed config without bf16 (configs/deepspeed/cpu.json)")
+                break
 
     for name, v in drafters.items():
         pre = v.get("pretrained")
