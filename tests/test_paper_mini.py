@@ -278,6 +278,14 @@ def test_paper_mini_runs_every_rule_to_every_table_and_figure(paper_mini_run):
     assert json.loads((work / "results/drafters" / dscout / "config.json").read_text())["dflash_config"][
         "target_layer_ids"] == list(range(7))
     assert list((work / "results/checkpoints/drafters" / dscout).iterdir())  # checkpoint_every wrote checkpoints
+    # the paper's ZeRO-2 bf16 ran as such on the CPU (what DeepSpeed's engine reports), over the epochs schedule
+    trained = [s for s in summaries.values() if not s.get("pretrained")]
+    assert trained and all(s["deepspeed"] == {"zero_stage": 2, "bf16": True, "param_dtype": "bfloat16"}
+                           for s in trained)
+    s = summaries[dscout]
+    assert s["train_config"]["max_steps"] is None and s["steps"] == -(-2 * s["num_sequences"] // 2)
+    log = [json.loads(l) for l in (work / "results/drafters" / dscout / "train_log.jsonl").read_text().splitlines()]
+    assert log[0]["lr"] < max(r["lr"] for r in log)  # linear warm-up from 0
 
 
 def test_plan_refuses_a_bf16_deepspeed_config_for_a_float32_target():
