@@ -232,6 +232,18 @@ def _imported(wildcards):
     return bool(DRAFTER_STAGES.get(wildcards.did, {}).get("pretrained"))
 
 
+PUBLISHED_DIR = "results/published"  # local published-layout checkpoints a run writes itself (presets/paper_mini.yaml)
+PUBLISHED = {v["pretrained"][len(PUBLISHED_DIR) + 1:]: {"kind": v.get("kind", "dflash"), "num_layers": v["num_layers"],
+                                                        "mask_token_id": config["target"]["mask_token_id"]}
+             for v in config["drafters"].values()
+             if str(v.get("pretrained") or "").startswith(PUBLISHED_DIR + "/")}
+
+
+def published_of_drafter(wildcards):
+    p = str(DRAFTER_STAGES.get(wildcards.did, {}).get("pretrained") or "")
+    return [f"{p}/config.json"] if p.startswith(PUBLISHED_DIR + "/") else []
+
+
 def responses_of_drafter(wildcards):
     return [] if _imported(wildcards) else RESPONSES
 

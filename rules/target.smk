@@ -10,6 +10,7 @@ rule prepare_target:
         cli=CLI,
         stage=stage_json(dcfg.prepare_target_stage(config, NUM_TARGET_LAYERS)),
         code=code("target"),
+        data_root=DATA_ROOT,
     log:
         "results/logs/prepare_target/{tid}.log",
     benchmark:
@@ -17,7 +18,29 @@ rule prepare_target:
     conda:
         "../envs/train.yaml"
     shell:
-        "python {params.cli} prepare-target --stage {params.stage:q} --out $(dirname {output}) > {log} 2>&1"
+        "python {params.cli} prepare-target --stage {params.stage:q} --out $(dirname {output}) "
+        "--data-root {params.data_root:q} > {log} 2>&1"
+
+
+rule write_published:
+    # a drafter whose `pretrained:` is a folder under results/published/ (the miniature paper run) imports a
+    # checkpoint this rule writes in the published layout of its kind (dscout.models.published)
+    message:
+        "Writing a published-layout checkpoint {wildcards.name}"
+    input:
+        target=f"{TARGET_DIR}/target.json",
+    output:
+        f"{PUBLISHED_DIR}/{{name}}/config.json",
+    params:
+        cli=CLI,
+        stage=lambda w: stage_json(PUBLISHED[w.name]),
+    log:
+        "results/logs/write_published/{name}.log",
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python {params.cli} write-published --stage {params.stage:q} --target $(dirname {input.target}) "
+        "--out $(dirname {output}) > {log} 2>&1"
 
 
 rule generate_responses:

@@ -40,6 +40,7 @@ rule train_drafter:
         target=f"{TARGET_DIR}/target.json",
         responses=responses_of_drafter,
         features=features_of_drafter,
+        published=published_of_drafter,
     output:
         # every kind writes training_summary.json last; dflash/dscout (and eagle3) also config.json + weights
         summary="results/drafters/{did}/training_summary.json",

@@ -50,6 +50,20 @@ def load_target(target_dir: str, stage: dict | None = None):
                             attn_implementation=t.get("attn_implementation"))
 
 
+def sglang_model_path(target_dir: str) -> str:
+    """What an SGLang stage loads as the target: the prepared target's ``load_from`` (``target.json``).
+
+    For a hub-id source that is the hub id itself; for a source this project materialises (``tiny-random``,
+    ``tiny-qwen3``, ``gguf:``) it is the folder written by ``prepare_target``, never the source string, which
+    SGLang cannot load. A relative folder that does not exist from here is read from ``target_dir``.
+    """
+    info = json.loads((Path(target_dir) / "target.json").read_text())
+    load_from = str(info["load_from"])
+    if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
+        load_from = str(target_dir)
+    return load_from
+
+
 def check_target_shape(model_dir, stage: dict) -> None:
     """Compare ``target.num_layers`` / ``target.vocab_size`` of the config with a local model's ``config.json``.
 
@@ -72,13 +86,27 @@ def cmd_prepare_target(a):
 
     st = json.loads(a.stage)
     out = Path(a.out)
-    load_from = prepare_target(st["source"], out)
+    load_from = prepare_target(st["source"], out, a.data_root)
     check_target_shape(load_from, st)
     info = json.loads((out / "target.json").read_text())
     info["load_from"] = str(load_from)
     info["stage"] = st
     (out / "target.json").write_text(json.dumps(info, indent=1))
     write_resolved(out / "config.resolved.json", st)
+
+
+def cmd_write_published(a):
+    from dscout.models.published import write_published_eagle3, write_published_pard2
+
+    st = json.loads(a.stage)
+    target = load_target(a.target)
+    if st["kind"] == "eagle3":
+        write_published_eagle3(target, a.out)
+    elif st["kind"] == "pard2":
+        write_published_pard2(target, a.out, num_layers=st["num_layers"], mask_token_id=st.get("mask_token_id"))
+    else:
+        raise ValueError(f"write-published: no published layout is written for kind '{st['kind']}' "
+                         "(eagle3, pard2)")
 
 
 def stop_token_ids(target, extra: list[str]) -> list[int]:
@@ -107,7 +135,9 @@ def cmd_generate(a):
     if r.get("backend", "transformers") == "sglang":
         from dscout.backends.sglang import generate_responses_sglang
 
-        generate_responses_sglang(st, prompts, out, num_gpus=a.gpus)
+        # the responses stage names no model: SGLang loads the prepared target (hub id or materialised folder)
+        generate_responses_sglang({**st, "target_load_from": sglang_model_path(a.target)}, prompts, out,
+                                  num_gpus=a.gpus)
     else:
         target = load_target(a.target)
         generate_responses(target, prompts, out, max_new_tokens=r["max_new_tokens"], batch_size=r["batch_size"],
@@ -294,7 +324,8 @@ def cmd_serve_cpu(a):
 
         from transformers import AutoTokenizer
 
-        target = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(st["target_source"]))
+        model_path = sglang_model_path(a.target)  # a materialised target (tiny-qwen3, gguf): its folder
+        target = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(model_path))
     else:
         target = load_target(a.target)
     chat = st["chat"]
@@ -312,7 +343,7 @@ def cmd_serve_cpu(a):
         methods = sglang_serving_methods(st, drafters)
         records = []
         for key, method, ddir in methods:
-            recs, summary = serve_benchmark(st["target_source"], {**method, "key": key}, reqs,
+            recs, summary = serve_benchmark(model_path, {**method, "key": key}, reqs,
                                             concurrency=a.concurrency, temperature=0.0,
                                             max_new_tokens=st["max_new_tokens"], repeat=0, drafter_dir=ddir,
                                             log_path=Path(a.out).with_suffix(f".{key}.server.log"))
@@ -405,6 +436,10 @@ def main(argv=None):
     p.add_argument("--force", action="store_true", help="refetch files that exist")
     p.set_defaults(fn=cmd_fetch_data)
     p = add("prepare-target", cmd_prepare_target, "materialise the target (GGUF -> safetensors) once")
+    p.add_argument("--out", required=True)
+    p.add_argument("--data-root", default=None)
+    p = add("write-published", cmd_write_published, "write a random checkpoint in a published layout (mini run)")
+    p.add_argument("--target", required=True)
     p.add_argument("--out", required=True)
     p = add("generate", cmd_generate, "regenerate training responses with the target")
     p.add_argument("--target", required=True)

@@ -132,6 +132,12 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
     * a method's (or the serving table's, or the depth search's) block size above the largest training horizon
       of its DFlash/DScout drafter (a drafter decodes at any bs up to the horizon it was trained at);
     * ``target.mask_token_id`` outside ``[0, target.vocab_size)`` (the mask must be an existing embedding row);
+    * ``target.enable_thinking`` set for a Qwen3 target whose (locally readable) chat template has no such switch;
+    * a drafter's ``target_layer_ids`` outside ``[0, target.num_layers)``;
+    * a bf16 DeepSpeed config (``bf16.enabled``) for a target whose ``dtype`` is not bfloat16 (the job would stop
+      at the first matmul of bf16 drafter weights with the target's states);
+    * a local ``pretrained:`` folder whose files / tensors are not its kind's published layout
+      (:func:`dscout.models.published.check_published_layout`);
     * a benchmark / prompt source that a stage of this config reads with neither a mirror file under
       ``data_root`` nor a reachable hub copy (the message says how to fetch one); with ``HF_HUB_OFFLINE`` /
       ``HF_DATASETS_OFFLINE`` set, the hub copy must be in datasets' cache (where ``load_dataset`` looks offline).
@@ -158,6 +164,37 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
         problems.append(f"target.mask_token_id: {t['mask_token_id']} is outside the vocabulary [0, {vocab}) "
                         "(target.vocab_size); pick an existing, unused embedding row")
     drafters = config.get("drafters", {})
+    problems += _template_problems(t, data_root(config.get("data_root"), project_dir))
+    n_layers = t.get("num_layers")
+    from .models.published import check_published_layout  # torch-free
+
+    for name in drafters:
+        if drafters[name].get("pretrained"):
+            continue
+        ds_path = (drafter_variant(config, name)["training"] or {}).get("deepspeed_config")
+        ds_file = Path(ds_path) if ds_path and Path(ds_path).is_absolute() else Path(project_dir or ".") / str(ds_path)
+        if ds_path and ds_file.is_file():
+            try:
+                bf16 = bool(json.loads(ds_file.read_text()).get("bf16", {}).get("enabled"))
+            except ValueError as err:
+                problems.append(f"drafters.{name}: training.deepspeed_config {ds_path} is not JSON ({err})")
+                continue
+            if bf16 and t.get("dtype") != "bfloat16":
+                problems.append(f"training.deepspeed_config: {ds_path} trains drafter '{name}' in bf16 (bf16.enabled) "
+                                f"but target.dtype is {t.get('dtype')}: the drafter's bf16 weights would meet "
+                                f"{t.get('dtype')} target states inside the job; set target.dtype: bfloat16 or "
+                                "use a DeepSpeed config without bf16 (configs/deepspeed/cpu.json)")
+                break
+
+    for name, v in drafters.items():
+        pre = v.get("pretrained")
+        if pre and Path(pre).is_dir():  # a local checkpoint: its layout must be its kind's (hub ids: the job)
+            problems += [f"drafters.{name}.pretrained: {p}"
+                         for p in check_published_layout(v.get("kind", "dflash"), pre)]
+        outside = [l for l in (v.get("target_layer_ids") or []) if n_layers is not None and not 0 <= l < n_layers]
+        if outside:
+            problems.append(f"drafters.{name}.target_layer_ids: {outside} outside the target's layers "
+                            f"[0, {n_layers}) (target.num_layers)")
 
     def horizon_check(key: str, drafter: str, bs: int) -> None:
         v = drafters.get(drafter)
@@ -242,6 +279,55 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
                         "with internet and point data_root / $" + ENV_VAR + " at DIR (layout: docs/data.md).")
     if problems:
         raise ValueError(f"invalid configuration ({source}):\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _is_qwen3_target(t: dict) -> bool:
+    """Whether ``target`` is a Qwen3 model: a ``tiny-qwen3`` source, a hub id / folder naming Qwen3, or a local
+    folder whose ``config.json`` says ``model_type: qwen3*``."""
+    src = str(t.get("source", ""))
+    if src.startswith("tiny-qwen3") or "qwen3" in src.lower() or "qwen3" in str(t.get("name", "")).lower():
+        return True
+    cfg = Path(src) / "config.json"
+    if cfg.is_file():
+        try:
+            return str(json.loads(cfg.read_text()).get("model_type", "")).startswith("qwen3")
+        except ValueError:
+            return False
+    return False
+
+
+def _template_problems(t: dict, root: Path) -> list[str]:
+    """Plan-time check of the target's chat template against ``target.enable_thinking``.
+
+    A Qwen3 target applies ``enable_thinking: false`` through its chat template (the empty think block of the
+    assistant turn, Qwen/Qwen3-8B ``tokenizer_config.json``); a template without the switch would silently
+    ignore it and every stage would tokenize another conversation. Checked where the template is readable
+    before any job: a ``tiny-qwen3`` source (the mirrored tokenizer under ``data_root``) or a local folder.
+    """
+    if t.get("enable_thinking") is None or not _is_qwen3_target(t):
+        return []
+    src = str(t.get("source", ""))
+    if src.startswith("tiny-qwen3"):
+        folder = root / "tokenizers" / "qwen3"
+        if not (folder / "tokenizer_config.json").is_file():
+            return [f"target.source: {src} reads Qwen3's tokenizer and chat template from {folder} "
+                    "(tokenizer.json, tokenizer_config.json of Qwen/Qwen3-8B; layout docs/data.md): not found"]
+    elif Path(src).is_dir():
+        folder = Path(src)
+    else:
+        return []  # a hub id: the template is read by the prepare_target job
+    template = ""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        template = jinja.read_text()
+    elif (folder / "tokenizer_config.json").is_file():
+        tmpl = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template") or ""
+        template = tmpl if isinstance(tmpl, str) else json.dumps(tmpl)
+    if "enable_thinking" not in template:
+        return [f"target.enable_thinking: {t['enable_thinking']} is set for Qwen3 target '{src}', but its chat "
+                f"template ({folder}) has no enable_thinking switch, so the setting would be silently ignored "
+                "at every stage; use Qwen3's own template or set target.enable_thinking: null"]
+    return []
 
 
 def deep_merge(base: dict, override: dict) -> dict:

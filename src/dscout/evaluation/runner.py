@@ -14,6 +14,7 @@ Record schema (one JSON object per line): ``benchmark``, ``prompt_id``,
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 
@@ -61,12 +62,34 @@ def _seed(*parts) -> int:
 
 
 @torch.no_grad()
+def near_tie_threshold(top1: float, dtype: torch.dtype, epsilon: float) -> float:
+    """The top-2 logit gap below which a greedy mismatch counts as a floating-point near-tie.
+
+    ``epsilon`` (config ``near_tie_epsilon``) sized for float32 is below the resolution of a bfloat16 target's
+    logits: bf16 keeps 8 significant bits, so a logit near 10 is only known to 1/16, and a block verify and a
+    one-token AR step (different reduction orders) may round two close logits either way. The threshold is
+    therefore at least two units in the last place of the top logit in the target's dtype
+    (``torch.finfo(dtype).eps * 2**floor(log2|top1|)``), and ``epsilon`` where that is larger (float32).
+
+    Args:
+        top1: the largest logit (any unit the logits have).
+        dtype: the dtype the target computed its logits in.
+        epsilon: the configured floor.
+    Returns:
+        the threshold (same unit as the logits).
+    """
+    if not dtype.is_floating_point or top1 == 0 or not math.isfinite(top1):
+        return epsilon
+    ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(abs(top1)))
+    return max(epsilon, 2.0 * ulp)
+
+
 def near_tie(target, context_ids: list[int], a: list[int], b: list[int], epsilon: float
              ) -> tuple[bool, int | None, float | None]:
     """Is the first difference between outputs ``a`` and ``b`` a floating-point near-tie of the target?
 
     At the first differing position the target's top-2 logits (given the common prefix) must differ by less
-    than ``epsilon``. Returns ``(is_near_tie, first_mismatch_index, top1 - top2 logit gap)`` — the gap is stored
+    than ``epsilon``, or by at most the resolution of the target's dtype (:func:`near_tie_threshold`). Returns ``(is_near_tie, first_mismatch_index, top1 - top2 logit gap)`` — the gap is stored
     in the record so a reader can re-judge with another epsilon; ``(False, None, None)`` when a == b.
     """
     n = min(len(a), len(b))
@@ -79,7 +102,7 @@ def near_tie(target, context_ids: list[int], a: list[int], b: list[int], epsilon
     logits = target(ids).logits[0, -1].float()
     top2 = torch.topk(logits, 2).values
     gap = float(top2[0] - top2[1])
-    return gap < epsilon, i, gap
+    return gap < near_tie_threshold(float(top2[0]), target.dtype, epsilon), i, gap
 
 
 def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt], *, benchmark: str,

