@@ -233,15 +233,16 @@ def _imported(wildcards):
 
 
 PUBLISHED_DIR = "results/published"  # local published-layout checkpoints a run writes itself (presets/paper_mini.yaml)
-PUBLISHED = {v["pretrained"][len(PUBLISHED_DIR) + 1:]: {"kind": v.get("kind", "dflash"), "num_layers": v["num_layers"],
+PUBLISHED_PREFIX = f"{PUBLISHED_DIR}/"
+PUBLISHED = {v["pretrained"][len(PUBLISHED_PREFIX):]: {"kind": v.get("kind", "dflash"), "num_layers": v["num_layers"],
                                                         "mask_token_id": config["target"]["mask_token_id"]}
              for v in config["drafters"].values()
-             if str(v.get("pretrained") or "").startswith(PUBLISHED_DIR + "/")}
+             if str(v.get("pretrained") or "").startswith(PUBLISHED_PREFIX)}
 
 
 def published_of_drafter(wildcards):
     p = str(DRAFTER_STAGES.get(wildcards.did, {}).get("pretrained") or "")
-    return [f"{p}/config.json"] if p.startswith(PUBLISHED_DIR + "/") else []
+    return [f"{p}/config.json"] if p.startswith(PUBLISHED_PREFIX) else []
 
 
 def responses_of_drafter(wildcards):
