@@ -258,7 +258,8 @@ def main(argv=None):
     ap.add_argument("--target", required=True)
     ap.add_argument("--drafter", required=True)
     ap.add_argument("--out", default="results/batched_drafting")
-    ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data-root", default=None,
+                    help="the data mirror (default: $DSCOUT_DATA_ROOT, else config.yaml's data_root beside the project)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--old-block-sizes", type=int, nargs="+", default=[3])
@@ -270,6 +271,15 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--note", default="", help="what else ran on the machine (goes into the report)")
     a = ap.parse_args(argv)
+    if a.data_root is None:
+        import os
+
+        import yaml
+
+        from dscout.data.paths import data_root
+
+        configured = yaml.safe_load((ROOT / "config.yaml").read_text())["data_root"]
+        a.data_root = os.path.relpath(data_root(configured, ROOT))
 
     import torch
 

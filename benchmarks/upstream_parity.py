@@ -20,7 +20,7 @@ oneDNN pre-packed weights, :func:`dscout.models.linear.pack_linears`, the kernel
 
 Usage (one command; trains the drafter first if ``results/`` lacks it)::
 
-    DSCOUT_DATA_ROOT=../shared/data python benchmarks/upstream_parity.py --out benchmarks/upstream_parity
+    python benchmarks/upstream_parity.py --out benchmarks/upstream_parity
 
 Writes ``results.json`` and ``README.md`` (the report) to ``--out``. Run it on a quiet machine: the report
 records the load average and the other processes' CPU share seen at the start and the end.
@@ -83,7 +83,9 @@ def main(argv=None) -> None:
 
     import torch
 
+    from dscout import config as dcfg
     from dscout.cli import stop_token_ids
+    from dscout.data import paths as dcfg_paths
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.prompts import chat_prompt_ids
     from dscout.decoding.engine import SpeculativeEngine
@@ -110,7 +112,7 @@ def main(argv=None) -> None:
     model, info = dm.DFlashDraftModel.from_pretrained(str(export), output_loading_info=True)
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
     model = model.eval()
-    data_root = os.environ.get("DSCOUT_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
+    data_root = dcfg_paths.data_root(dcfg.load_config(ROOT / "config.yaml")["data_root"], ROOT)
     prompts = []
     for b in BENCHMARKS:
         p = load_benchmark(b, data_root, 1, seed=1)[0]
