@@ -160,17 +160,19 @@ def test_deferred_commit_drafts_equal_committing_every_round(target):
     lazy.start(taps[0])
     beager.start(padded, valid)
     blazy.start(padded, valid)
+    def commit_all(taps):  # one round's committed taps [2 requests, n, width]: single proposers get request 0's
+        eager.commit(taps[0])
+        lazy.commit(taps[0])
+        for p in (beager, blazy):
+            for i in range(2):
+                p.commit(i, taps[i])
+            p.end_round()
+
     pos, kept = list(lengths), 0
     for k_skipped in (0, 1, 4, 9):
         written, bwritten = lazy._cache.get_seq_length(), blazy._cache.get_seq_length()
         for _ in range(k_skipped):  # rounds at bs 1: one committed token per request
-            t = torch.randn(2, 1, padded.shape[-1], generator=g, dtype=padded.dtype)
-            eager.commit(t[0])
-            lazy.commit(t[0])
-            for p in (beager, blazy):
-                for i in range(2):
-                    p.commit(i, t[i])
-                p.end_round()
+            commit_all(torch.randn(2, 1, padded.shape[-1], generator=g, dtype=padded.dtype))
             pos = [x + 1 for x in pos]
         assert lazy._cache.get_seq_length() == written and blazy._cache.get_seq_length() == bwritten  # no work
         assert lazy.pending_tokens == blazy.pending_tokens == kept + k_skipped
@@ -181,13 +183,7 @@ def test_deferred_commit_drafts_equal_committing_every_round(target):
         ra, rb = beager.propose([7, 9], pos, [5, 3]), blazy.propose([7, 9], pos, [5, 3])
         assert [x.tokens.tolist() for x in ra] == [x.tokens.tolist() for x in rb] and blazy.pending_tokens == 0
         # the drafting round commits x + 2 accepted drafts: kept until the next draft
-        m = torch.randn(2, 3, padded.shape[-1], generator=g, dtype=padded.dtype)
-        eager.commit(m[0])
-        lazy.commit(m[0])
-        for p in (beager, blazy):
-            for i in range(2):
-                p.commit(i, m[i])
-            p.end_round()
+        commit_all(torch.randn(2, 3, padded.shape[-1], generator=g, dtype=padded.dtype))
         pos, kept = [x + 3 for x in pos], 3
 
 
