@@ -25,6 +25,7 @@ include: "rules/paper.smk"
 include: "rules/study.smk"
 include: "rules/depth.smk"
 include: "rules/serving.smk"
+include: "rules/findings.smk"
 
 
 rule all:

@@ -28,6 +28,7 @@ wildcard_constraints:
     bid=r"[^/]+",
     aid=r"[^/]+",
     sid=r"[^/]+",
+    fsid=r"[^/]+",
     benchmark="|".join(dcfg.benchmark_names()),
     c=r"\d+",
 
@@ -63,6 +64,12 @@ if STUDY:  # the recipe study's drafters (Tables 1, 2; Figures 4, 7) join the co
         config["drafters"].setdefault(_name, _variant)
 
 
+FINDINGS = config["findings"]["enabled"]
+if FINDINGS:  # the findings stage's drafters (one per ablation recipe, a held-out set) join the configured variants
+    for _name, _variant in dcfg.findings_drafters(config).items():
+        config["drafters"].setdefault(_name, _variant)
+
+
 def _drafters_in_use():
     names = [m["drafter"] for m in config["methods"] if m.get("drafter")]
     return list(dict.fromkeys(names))
@@ -70,6 +77,7 @@ def _drafters_in_use():
 
 MAIN_DRAFTERS = _drafters_in_use()
 STUDY_DRAFTERS = list(dcfg.study_drafters(config)) if STUDY else []
+FINDINGS_DRAFTERS = list(dcfg.findings_drafters(config)) if FINDINGS else []
 SERVING = config["serving"]["enabled"]
 ACCURACY = config["accuracy"]["enabled"]
 ACCURACY_ID = dcfg.accuracy_id(config) if ACCURACY else None
@@ -82,7 +90,7 @@ SERVING_ROLES = {
 SERVING_DRAFTERS = list(SERVING_ROLES.values())
 DRAFTER_IDS = {
     n: dcfg.drafter_id(config, n, NUM_TARGET_LAYERS)
-    for n in dict.fromkeys(MAIN_DRAFTERS + STUDY_DRAFTERS + SERVING_DRAFTERS)
+    for n in dict.fromkeys(MAIN_DRAFTERS + STUDY_DRAFTERS + SERVING_DRAFTERS + FINDINGS_DRAFTERS)
 }
 DRAFTER_STAGES = {DRAFTER_IDS[n]: dcfg.drafter_stage(config, n, NUM_TARGET_LAYERS) for n in DRAFTER_IDS}
 # One feature cache per distinct layer set, its path named by the set (content-addressed): a drafter reads the
@@ -129,6 +137,8 @@ SERVING_ID = dcfg.stage_id(config, SERVING_STAGE) if SERVING else None
 STUDY_STAGE = dcfg.study_stage(config, DRAFTER_IDS) if STUDY else None
 STUDY_ID = dcfg.stage_id(config, STUDY_STAGE) if STUDY else None
 STUDY_METHOD_KEYS = ["ar", *(dcfg.method_key(m, m["drafter_id"]) for m in STUDY_STAGE["methods"])] if STUDY else []
+FINDINGS_STAGE = dcfg.findings_stage(config, DRAFTER_IDS) if FINDINGS else None
+FINDINGS_ID = dcfg.stage_id(config, FINDINGS_STAGE) if FINDINGS else None
 
 
 def stage_json(obj):
@@ -203,6 +213,27 @@ def study_records():
     )
 
 
+def findings_records_input(wildcards):
+    if not FINDINGS:
+        raise ValueError("the findings table, its Tables 1, 2 and Figures 2, 4, 7 come from the findings stage: set "
+                         "`findings: {enabled: true}` (presets/cpu_findings.yaml)")
+    return expand("results/findings/{fsid}/records/{name}.jsonl", fsid=FINDINGS_ID, name=list(dcfg.FINDINGS_PLAN))
+
+
+def findings_drafter_input(wildcards):
+    if f"findings_{wildcards.name}" not in DRAFTER_IDS:
+        raise ValueError(f"'{wildcards.name}' is not a findings drafter ({', '.join(dcfg.FINDINGS_PLAN)})")
+    return f"{drafter_dir('findings_' + wildcards.name)}/training_summary.json"
+
+
+def findings_outputs():
+    if not FINDINGS:
+        return []
+    return ([f"results/tables/findings.{e}" for e in ("md", "csv")]
+            + [f"results/tables/findings_{t}.{e}" for t in ("table1", "table2") for e in ("md", "csv", "tex")]
+            + [f"results/figures/findings_{f}.{e}" for f in ("fig2", "fig4", "fig7") for e in ("png", "pdf")])
+
+
 def final_outputs():
     out = [
         "results/tables/table3.md",
@@ -217,6 +248,7 @@ def final_outputs():
         out += [f"results/figures/{f}.{e}" for f in ("fig3", "fig5") for e in ("png", "pdf")]
     if SERVING:
         out += [f"results/tables/table4.{ext}" for ext in ("md", "csv", "tex")]
+    out += findings_outputs()
     if STUDY:
         out += [f"results/tables/{t}.{ext}" for t in ("table1", "table2") for ext in ("md", "csv", "tex")]
         out += [f"results/figures/{f}.{ext}" for f in ("fig4", "fig7") for ext in ("png", "pdf")]

@@ -133,7 +133,7 @@ def test_imported_drafters_need_no_responses():
 
 @pytest.fixture(scope="module")
 def smoke_artifacts_run(smoke_run):
-    """The remaining artifacts (Tables 1, 2, 4; Figures 3, 4, 5, 7) on top of the finished smoke run."""
+    """The remaining artifacts (Tables 1, 2, 4; Figures 3, 4, 5, 7; the findings stage) on top of the smoke run."""
     work, _ = smoke_run
     r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", "presets/smoke_artifacts.yaml", cwd=work,
                   timeout=900, env=import_guard_env(work, ["presets/smoke.yaml", "presets/smoke_artifacts.yaml"]))
@@ -144,10 +144,10 @@ def smoke_artifacts_run(smoke_run):
 @pytest.mark.slow
 def test_smoke_artifacts_reuse_the_smoke_run(smoke_artifacts_run):
     _, jobs = smoke_artifacts_run
-    # nothing of the main DAG reruns: only the study drafters, the study/serving/depth jobs, the temperature-1
+    # nothing of the main DAG reruns: only the study and findings drafters, their jobs, the temperature-1
     # benchmarks (AR + the sampled methods) and the artifacts that read them
     assert not {"generate_responses", "target_features", "benchmark"} & set(jobs)
-    assert jobs.get("train_drafter") == 8 and jobs.get("benchmark_sampled") == 6 and jobs.get("table3") == 1
+    assert jobs.get("train_drafter") == 8 + 9 and jobs.get("benchmark_sampled") == 6 and jobs.get("table3") == 1
 
 
 @pytest.mark.slow
@@ -421,3 +421,41 @@ def test_teacher_forced_tau_rebuilds_the_runs_prompts(smoke_run, tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     with pytest.raises(ValueError, match=r"ar\.jsonl: prompt .* turn 0 rebuilds to"):
         bench_record_sequences(target, copy, data)
+
+
+@pytest.mark.slow
+def test_findings_stage_end_to_end(smoke_artifacts_run):
+    """The findings DAG on the smoke run: held-out never trained on, every drafter read at its plan's bs, the live
+    decoding check agreeing with the teacher-forced walk, and verdicts that follow the intervals in the CSV."""
+    import csv
+
+    from dscout.analysis.findings import FINDINGS, verdict
+    from dscout.training.holdout import holdout_split
+
+    work, jobs = smoke_artifacts_run
+    assert jobs.get("findings_eval") == len(dcfg.FINDINGS_PLAN) and jobs.get("findings_bench_outputs") == 1
+    [fdir] = (work / "results/findings").iterdir()
+    stage = json.loads((fdir / "config.resolved.json").read_text())["stage_config"]
+    rows = [json.loads(l) for f in (fdir / "records").glob("*.jsonl") for l in f.read_text().splitlines()]
+    held_ids = {r["id"] for r in rows if r["set"] == "heldout"}
+    assert len(held_ids) == stage["holdout"] == 3
+    for name, (_, bss) in dcfg.FINDINGS_PLAN.items():
+        mine = [r for r in rows if r["drafter"] == name]
+        assert {r["bs"] for r in mine if r["set"] == "heldout"} == set(bss) == {r["bs"] for r in mine if r["set"] == "bench"}
+        checks = [r for r in mine if r["set"] == "decode_check"]
+        assert len(checks) == 1 and checks[0]["equal"] and checks[0]["compared"] > 0
+        summary = json.loads((work / "results/drafters" / stage["drafters"][name]["id"] / "training_summary.json").read_text())
+        log = [json.loads(l) for l in (work / "results/drafters" / stage["drafters"][name]["id"] / "train_log.jsonl").read_text().splitlines()]
+        n = summary["num_sequences"] + stage["holdout"]
+        _, held = holdout_split(n, stage["holdout"])
+        assert not {i for r in log for i in r["sample_ids"]} & set(held)
+    table = list(csv.DictReader(open(work / "results/tables/findings.csv")))
+    assert [r["finding"] for r in table] == [f for _, f, _, _ in FINDINGS]
+    for r in table:
+        for p in ("", "bench_"):
+            lo, hi = float(r[f"{p}ci_low"]), float(r[f"{p}ci_high"])
+            enough = int(r[f"{p}anchors"]) >= stage["min_anchors"] and "no DFlash" not in r["note"]
+            assert r[f"{p}verdict"] == verdict(lo, hi, enough)
+    for f in ("tables/findings_table1.md", "tables/findings_table2.md", "figures/findings_fig2.png",
+              "figures/findings_fig4.png", "figures/findings_fig7.png"):
+        assert (work / "results" / f).stat().st_size > 0

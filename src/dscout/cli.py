@@ -406,6 +406,67 @@ def cmd_fig_online(a):
     write_fig_online(a.records, a.latency, a.out_prefix, json.loads(a.stage))
 
 
+def cmd_findings_outputs(a):
+    """Greedy AR outputs of the findings stage's benchmark prompts (first turn), batched like the responses."""
+    from dscout.config import write_resolved
+    from dscout.data.benchmarks import load_benchmark
+    from dscout.data.responses import generate_responses
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    b, chat = st["benchmarks"], st["chat"]
+    prompts = [{"id": f"{name}-{p.prompt_id}", "source": name, "prompt": p.turns[0]}
+               for name in b["names"] for p in load_benchmark(name, a.data_root, b["num_prompts"], seed=b["seed"])]
+    target = load_target(a.target)
+    generate_responses(target, prompts, a.out, max_new_tokens=b["max_new_tokens"], batch_size=b["batch_size"],
+                       temperature=0.0, system_prompt=chat["system_prompt"], enable_thinking=chat["enable_thinking"])
+    write_resolved(Path(a.out).parent / "config.resolved.json", st)
+
+
+def cmd_findings_eval(a):
+    """Teacher-forced accept lengths of one findings drafter (held-out responses + benchmark outputs) and the
+    live-decoding check; writes the records JSONL last (a partial file beside it resumes a killed job)."""
+    from dscout.data.responses import training_sequences
+    from dscout.training.holdout import holdout_split
+    from dscout.experiments.findings import decode_check, evaluate_drafter
+    from dscout.jsonl import read_jsonl
+    from dscout.models.export import drafter_for_target
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    plan = st["drafters"][a.name]
+    target = load_target(a.target)
+    seqs = _sequences(a.responses, json.loads(a.responses_stage))
+    _, held = holdout_split(len(seqs), st["holdout"])
+    items = [{"set": "heldout", "source": seqs[i]["id"].rsplit("-", 1)[0], **seqs[i]} for i in held]
+    bench_rows = {r["id"]: r for r in read_jsonl(a.bench_outputs)}
+    for s in training_sequences(list(bench_rows.values()), max_length=1 << 30, min_response_tokens=2):
+        items.append({"set": "bench", "source": bench_rows[s["id"]]["source"], **s})
+    drafter = drafter_for_target(a.drafter, target)
+    summary = json.loads((Path(a.drafter) / "training_summary.json").read_text())
+    out = Path(a.out)
+    partial = out.with_suffix(".partial.jsonl")
+    meta = {"drafter": a.name, "recipe": plan["recipe"], "drafter_id": plan["id"]}
+    evaluate_drafter(target, drafter, items, plan["block_sizes"], partial, meta=meta)
+    checks = []
+    stops = stop_token_ids(target, st["chat"]["stop_tokens"] or [])
+    for s in items[: st["decode_check_prompts"]]:
+        prompt = s["input_ids"][: len(s["input_ids"]) - sum(s["loss_mask"])]
+        checks.append({**meta, "set": "decode_check", "id": s["id"],
+                       **decode_check(target, drafter, prompt, max(plan["block_sizes"]), 64, stops)})
+    rows = list(read_jsonl(partial)) + checks
+    rows.append({**meta, "set": "training", "steps": summary["steps"], "train_seconds": summary["train_seconds"],
+                 "num_sequences": summary["num_sequences"]})
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    partial.unlink()
+
+
+def cmd_findings(a):
+    from dscout.analysis.findings import WRITERS
+
+    WRITERS[a.which](a.records, a.out_prefix, json.loads(a.stage))
+
+
 def cmd_fetch_data(a):
     from dscout.data.fetch import fetch_mirror
 
@@ -475,6 +536,22 @@ def main(argv=None):
     p = add("table3", cmd_table3, "Table 3 from raw records")
     p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--accuracy", nargs="*", default=[], help="the accuracy jobs' JSONL files (optional)")
+    p.add_argument("--out-prefix", required=True)
+    p = add("findings-outputs", cmd_findings_outputs, "greedy AR outputs of the findings' benchmark prompts")
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--data-root", default=None)
+    p = add("findings-eval", cmd_findings_eval, "teacher-forced accept lengths of one findings drafter")
+    p.add_argument("--name", required=True, help="the drafter's name in the stage (dscout.config.FINDINGS_PLAN)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", required=True, help="the trained drafter's folder")
+    p.add_argument("--responses", required=True)
+    p.add_argument("--responses-stage", required=True)
+    p.add_argument("--bench-outputs", required=True)
+    p.add_argument("--out", required=True)
+    p = add("findings", cmd_findings, "the findings table, Tables 1, 2 and Figures 2, 4, 7 from the findings records")
+    p.add_argument("--which", required=True, choices=["findings", "table1", "table2", "fig2", "fig4", "fig7"])
+    p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--out-prefix", required=True)
     p = add("fig2", cmd_fig2, "Figure 2 from raw records")
     p.add_argument("--records", nargs="+", required=True)

@@ -31,6 +31,9 @@ STAGE_CODE = {
     "accuracy": ["models/target.py", "evaluation/accuracy.py", "evaluation/scoring.py", "jsonl.py", "data"],
     "analysis": ["analysis", "jsonl.py", "decoding/latency.py"],
     "depth": ["models", "training", "decoding", "experiments", "kinds.py", "data"],
+    "findings": ["models", "decoding", "experiments/findings.py", "analysis/findings.py", "training/blocks.py", "training/holdout.py",
+                 "training/features.py", "data", "jsonl.py"],
+    "findings_analysis": ["analysis"],
     "serving": ["models", "decoding", "evaluation/serving.py", "evaluation/methods.py", "backends", "records.py",
                 "jsonl.py", "data"],
 }
@@ -590,6 +593,60 @@ def study_drafters(cfg: dict) -> dict[str, dict]:
         extra["options"] = levers
     return {f"study_{r}": {"recipe": r, "num_layers": s["num_layers"], "num_taps": s["num_taps"],
                            "training": {"max_steps": s["max_steps"]}, **extra} for r in STUDY_PLAN}
+
+
+FINDINGS_PLAN: dict[str, tuple[str, list[int]]] = {
+    # findings drafter -> (training recipe, inference block sizes its teacher-forced accept lengths are read at)
+    "dflash": ("dflash", [16]),                       # Figure 4 start; Table 2 "fixed 16"; vs DScout
+    "dflash_long": ("dflash", [16]),                  # the DFlash recipe with compute_factor x the updates
+    "fixed8": ("fixed8", [8]),                        # Table 2 "fixed 8"
+    "step1_fixed32": ("step1_fixed32", [8, 16, 32]),  # Figure 4 step 1; Table 2 "fixed 32"; Figure 2
+    "step2_mixed": ("step2_mixed", [8, 16, 32]),      # Figure 4 step 2; Table 2 "mixed"; Table 1; Figure 2
+    "step3_unmask": ("step3_unmask", [16, 32]),       # Figure 4 step 3; Table 1 {8,16,24,32} with unmasking
+    "step4_awl": ("step4_awl", [16]),                 # Figure 4 step 4 = the full DScout recipe
+    "mixed_short": ("mixed_short", [32]),             # Table 1 {4,8,16,32} without unmasking
+    "mixed_short_unmask": ("mixed_short_unmask", [32]),  # Table 1 {4,8,16,32} with unmasking
+}
+"""The findings stage (docs/findings.md): which drafters it trains and at which bs each is evaluated."""
+
+
+def findings_drafters(cfg: dict) -> dict[str, dict]:
+    """Drafter variants of the findings stage (``findings_<name>``): one shape, levers, data and hold-out.
+
+    Every variant trains ``findings.max_steps`` updates on the regenerated responses minus the ``findings.holdout``
+    held-out ones, except ``dflash_long`` (``ceil(compute_factor x max_steps)``: the equal-compute comparison).
+    """
+    import math
+
+    s = cfg["findings"]
+    levers = dict(s.get("options") or {})
+    extra = {"init_from_target": True} if levers.pop("init_from_target", False) else {}
+    if levers:
+        extra["options"] = levers
+    out = {}
+    for name, (recipe, _) in FINDINGS_PLAN.items():
+        steps = math.ceil(s["compute_factor"] * s["max_steps"]) if name == "dflash_long" else s["max_steps"]
+        out[f"findings_{name}"] = {"recipe": recipe, "num_layers": s["num_layers"], "num_taps": s["num_taps"],
+                                   "training": {"max_steps": steps, "holdout": s["holdout"]}, **extra}
+    return out
+
+
+def findings_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
+    """What the findings records and tables depend on: drafters, hold-out, benchmark prompts, statistics."""
+    s, t = cfg["findings"], cfg["target"]
+    return {"target": target_id(cfg), "responses": responses_id(cfg), "holdout": s["holdout"],
+            "drafters": {n: {"id": drafter_ids[f"findings_{n}"], "recipe": r, "block_sizes": bss}
+                         for n, (r, bss) in FINDINGS_PLAN.items()},
+            "max_steps": s["max_steps"], "compute_factor": s["compute_factor"],
+            "shape": f"{s['num_taps'] or s['num_layers']}t{s['num_layers']}d",
+            "benchmarks": {"names": s["benchmarks"], "num_prompts": s["num_prompts"],
+                           "max_new_tokens": s["max_new_tokens"], "seed": cfg["benchmarks"]["seed"],
+                           "batch_size": cfg["responses"]["batch_size"]},
+            "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
+                     "stop_tokens": t.get("stop_tokens")},
+            "decode_check_prompts": s["decode_check_prompts"], "min_anchors": s["min_anchors"],
+            "bootstrap": {"resamples": s["bootstrap_resamples"], "seed": s["seed"]},
+            "target_name": t["name"]}
 
 
 def study_methods(cfg: dict, drafter_ids: dict[str, str]) -> list[dict]:

@@ -72,6 +72,8 @@ class TrainConfig:
         dtype: ``float32`` (CPU) or ``bfloat16`` (GPU); must agree with the DeepSpeed JSON.
         init_from_target: initialise each drafter layer from a target layer (else random, as SpecForge).
         kind: ``dflash`` (DFlash/DScout recipes), ``eagle3`` or ``pard2`` (:mod:`dscout.training.methods`).
+        holdout: sequences never trained on (:func:`dscout.training.holdout.holdout_split`, seed 0), kept for
+            held-out evaluation (the findings stage); 0 = train on all.
         options: kind-specific settings. DFlash/DScout: ``draft_vocab_size`` (None = the target's vocabulary),
             ``distill_weight`` (0: CE on the target's tokens only), ``norm_init`` (``target``: copy the
             target's final-norm weight, ``ones``). EAGLE-3: ``draft_vocab_size``, ``ttt_steps``. PARD-2:
@@ -99,6 +101,7 @@ class TrainConfig:
     init_from_target: bool = False
     kind: str = "dflash"
     options: dict = field(default_factory=dict)
+    holdout: int = 0
 
     @classmethod
     def from_stage(cls, stage: dict, target_dtype, **overrides) -> "TrainConfig":
@@ -123,7 +126,7 @@ class TrainConfig:
             checkpoint_every=tr["checkpoint_every"],
             dtype="bfloat16" if target_dtype == torch.bfloat16 else "float32",
             init_from_target=bool(stage.get("init_from_target", False)), kind=stage.get("kind") or "dflash",
-            options=dict(stage.get("options") or {}))
+            options=dict(stage.get("options") or {}), holdout=int(tr.get("holdout") or 0))
         fields.update(overrides)
         return cls(**fields)
 
@@ -334,6 +337,10 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
         source = _OnlineSource(target, sequences, method.layer_ids)
     else:
         raise ValueError("train_drafter needs a feature_cache or sequences")
+    if sequence_ids is None and cfg.holdout:
+        from .holdout import holdout_split
+
+        sequence_ids = holdout_split(len(source), cfg.holdout)[0]
     if sequence_ids is not None:
         source = SubsetSource(source, sequence_ids)
     n = len(source)
@@ -385,7 +392,8 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 loss, metrics = method.loss(model, batch, gen, target)
                 engine.backward(loss)  # DeepSpeed scales by 1 / gas and all-reduces (mean) at the boundary
                 engine.step()  # applies the update after the last micro-step only
-                idx += ids
+                # the log names sequences of the whole source (a held-out subset is renumbered inside)
+                idx += [source.ids[i] for i in ids] if isinstance(source, SubsetSource) else ids
                 losses.append(float(loss.detach()))
             _pause_for_test(step, stop, work, rank)
             # one collective per step: (sample ids, losses, stop signal) of every rank

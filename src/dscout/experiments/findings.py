@@ -1,0 +1,181 @@
+"""Teacher-forced accept lengths of the findings stage: every anchor of a target-generated sequence, and the rounds
+that greedy decoding would run over it.
+
+**Why teacher forcing gives greedy decoding's accept lengths.** Take a sequence whose response is the target's own
+greedy continuation of its prompt (regenerated responses, or AR outputs of benchmark prompts). In greedy
+speculative decoding the committed text *is* that continuation (output = AR), so when a draft round starts after
+response token ``a`` (the anchor) the drafter sees exactly the target's taps of ``prompt + response[:a+1]`` and
+drafts a fully masked block after ``response[a]``; verification accepts the longest prefix of drafts equal to
+``response[a+1:]``. Teacher forcing builds the same block at every anchor from one target forward over the whole
+sequence, so the accepted length at anchor ``a`` is
+
+    L(a) = min(1 + min(prefix(a), bs - 1), end - a),
+
+``prefix(a)`` the number of leading drafted offsets equal to the response, ``end`` the index of the last response
+token (the ``end - a`` cap is the engine's cut at the stop token / the last allowed token). Decoding visits the
+anchors ``a_0 = 0, a_{i+1} = a_i + L(a_i)`` (:func:`decode_walk`): its rounds are these ``L`` values, one per
+visited anchor. Two things differ from a live engine, both outside the compared rounds: the engine drafts a shorter
+block when fewer than ``bs - 1`` tokens of its ``max_new_tokens`` remain (we keep full blocks), and its target taps
+come from the incremental KV cache instead of one forward (float rounding; a draft that flips on it is a near-tie).
+:func:`decode_check` runs the live engine beside it and compares the rounds (``tests/test_findings.py`` too).
+
+MAT over *every* anchor (``mean L(a)``) is not decoding's MAT: decoding crosses an easy stretch in a few rounds
+while every anchor of it counts once, so that mean overstates MAT (an arithmetic instead of a harmonic mean over
+positions). The findings use the walk's tokens / rounds (:mod:`dscout.analysis.findings`) and list the other mean
+beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..analysis.findings import decode_walk
+from ..training.blocks import block_attention_mask, build_blocks
+
+
+def accept_lengths(prefix: torch.Tensor, bs: int) -> list[int]:
+    """``L(a)`` of every anchor of one sequence from its correct-prefix lengths.
+
+    Args:
+        prefix: ``[n]`` int, leading correct drafted offsets at anchors ``a = 0 .. n - 1`` (anchor ``a`` = response
+            token ``a``; ``n`` = response tokens - 1, so ``end = n``).
+        bs: inference block size (tokens verified per round, the anchor included).
+    Returns:
+        ``[L(0), ..., L(n - 1)]``, each in ``[1, bs]`` (tokens committed per round, bonus included).
+    """
+    n = int(prefix.numel())
+    room = torch.arange(n, 0, -1)  # end - a
+    return torch.minimum(1 + prefix.clamp(max=bs - 1), room).tolist()
+
+
+@torch.no_grad()
+def correct_prefixes(drafter, input_ids: list[int], loss_mask: list[int], taps: torch.Tensor, block_size: int,
+                     anchors_per_pass: int = 16) -> torch.Tensor:
+    """Leading correct drafted offsets of a fully masked block of ``block_size`` at every response anchor.
+
+    Args:
+        drafter: a :class:`~dscout.models.drafter.DFlashDrafter` (its target attached: embeddings, head).
+        input_ids, loss_mask: one sequence (prompt + response; mask 1 on the response, contiguous at the end).
+        taps: ``[1, S, t * D]`` the target's taps of the drafter's layers over the sequence (float).
+        block_size: bs of the drafted blocks (at most the drafter's trained horizon).
+        anchors_per_pass: anchors drafted per drafter forward (memory: the pass attends over its own blocks).
+    Returns:
+        ``[n]`` int64: ``prefix(a)`` for the anchors ``a = 0 .. n - 1`` (response token ``a``), ``n`` = response
+        tokens - 1. Offsets past the sequence end count as wrong.
+    Raises:
+        ValueError: if ``block_size`` exceeds the drafter's horizon or the response is not contiguous at the end.
+    """
+    if block_size > drafter.config.block_size:
+        raise ValueError(f"block_size {block_size} exceeds the drafter's horizon {drafter.config.block_size}")
+    mask = torch.tensor(loss_mask, dtype=torch.long)
+    p = int((mask == 0).sum())
+    if not (bool((mask[p:] == 1).all()) and bool((mask[:p] == 0).all())):
+        raise ValueError("the loss mask must be 0 on the prompt and 1 on the response (contiguous at the end)")
+    ids = torch.tensor(input_ids, dtype=torch.long).unsqueeze(0)
+    S = ids.shape[1]
+    dev = drafter.fc.weight.device
+    all_anchors = torch.arange(p, S - 1)
+    out = []
+    was_training = drafter.training
+    drafter.eval()
+    for chunk in all_anchors.split(anchors_per_pass):
+        anchors = chunk.unsqueeze(0)
+        keep = torch.ones_like(anchors, dtype=torch.bool)
+        blocks = build_blocks(ids, mask.unsqueeze(0), anchors, keep, block_size, drafter.config.mask_token_id, None)
+        N = anchors.shape[1]
+        attn = block_attention_mask(anchors, keep, S, block_size).to(dev)
+        hidden = drafter(blocks.block_ids.view(1, N * block_size).to(dev),
+                         blocks.positions.view(1, N * block_size).to(dev), context_taps=taps.to(dev),
+                         context_positions=torch.arange(S, device=dev).unsqueeze(0), attention_mask=attn)
+        hidden = hidden.view(1, N, block_size, -1)[:, :, 1:]
+        pred = drafter.to_target_ids(drafter.compute_logits(hidden).argmax(-1))
+        ok = (pred == blocks.labels[:, :, 1:].to(dev)) & blocks.label_mask[:, :, 1:].to(dev)
+        out.append(torch.cumprod(ok[0].int(), dim=1).sum(1).cpu())
+    drafter.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def sequence_taps(target, input_ids: list[int], layer_ids: list[int]) -> torch.Tensor:
+    """``[1, S, t * D]`` float32 taps of ``layer_ids`` from one target forward over the sequence."""
+    from ..training.features import online_batch
+
+    b = online_batch(target, [{"input_ids": input_ids, "loss_mask": [0] * len(input_ids)}], layer_ids)
+    return b.taps.float()
+
+
+def evaluate_drafter(target, drafter, sequences: list[dict], block_sizes: list[int], out_path: str | os.PathLike,
+                     meta: dict | None = None, progress: bool = True) -> Path:
+    """Write one record per (sequence, bs): the accepted length at every anchor (resumable JSONL).
+
+    Args:
+        sequences: ``[{"set", "source", "id", "input_ids", "loss_mask"}]`` (``set``: ``heldout`` | ``bench``).
+        block_sizes: the bs values to evaluate (each its own full block).
+        out_path: JSONL; rows already there (same set, id, bs) are kept and skipped, so a killed job resumes.
+        meta: fields copied into every row (drafter name, recipe).
+    Returns:
+        ``out_path``. Row: ``{**meta, "set", "source", "id", "bs", "accept": [L(0), ...]}``.
+    """
+    from tqdm import tqdm
+
+    from ..jsonl import read_jsonl
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = set()
+    if out_path.exists():
+        rows = [r for r in read_jsonl(out_path) if "accept" in r]  # drops a torn last line
+        done = {(r["set"], r["id"], r["bs"]) for r in rows}
+        out_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    layer_ids = list(drafter.config.target_layer_ids)
+    todo = [s for s in sequences if any((s["set"], s["id"], bs) not in done for bs in block_sizes)]
+    with open(out_path, "a") as f:
+        for s in tqdm(todo, desc="teacher-forced anchors", unit="seq", disable=not progress, mininterval=5.0):
+            taps = sequence_taps(target, s["input_ids"], layer_ids)
+            for bs in block_sizes:
+                if (s["set"], s["id"], bs) in done:
+                    continue
+                prefix = correct_prefixes(drafter, s["input_ids"], s["loss_mask"], taps, bs)
+                row = {**(meta or {}), "set": s["set"], "source": s["source"], "id": s["id"], "bs": bs,
+                       "accept": accept_lengths(prefix, bs)}
+                f.write(json.dumps(row) + "\n")
+            f.flush()
+    return out_path
+
+
+def decode_check(target, drafter, prompt_ids: list[int], bs: int, max_new_tokens: int, stop_token_ids=()) -> dict:
+    """Live greedy decoding against the teacher-forced walk on one prompt.
+
+    Decodes AR (the engine without a proposer) and with the drafter at ``bs``; teacher-forces the drafter on
+    prompt + AR output; compares the engine's rounds with :func:`decode_walk` over every round that drafted a full
+    block (the engine shortens the block once fewer than ``bs - 1`` of ``max_new_tokens`` remain).
+
+    Returns:
+        ``{"bs", "output_equal", "engine_rounds", "walk_rounds", "compared", "equal"}``: ``compared`` rounds were
+        checked, ``equal`` says whether they all agree.
+    """
+    from ..decoding.engine import SpeculativeEngine
+    from ..decoding.proposers import BlockDiffusionProposer
+
+    ar = SpeculativeEngine(target, None, stop_token_ids).generate(prompt_ids, max_new_tokens)
+    spec = SpeculativeEngine(target, BlockDiffusionProposer(drafter), stop_token_ids).generate(
+        prompt_ids, max_new_tokens, block_size=bs)
+    ids = list(prompt_ids) + list(ar.output_ids)
+    mask = [0] * len(prompt_ids) + [1] * len(ar.output_ids)
+    taps = sequence_taps(target, ids, list(drafter.config.target_layer_ids))
+    walk = decode_walk(accept_lengths(correct_prefixes(drafter, ids, mask, taps, bs), bs))
+    compared, a = 0, 0
+    for e, w in zip(spec.accept_lengths, walk):
+        if max_new_tokens - (a + 1) < bs - 1:  # the engine's tail block is shorter than bs
+            break
+        if e != w:
+            break
+        compared += 1
+        a += e
+    full = sum(1 for i in range(len(walk)) if max_new_tokens - (sum(walk[:i]) + 1) >= bs - 1)
+    return {"bs": bs, "output_equal": list(spec.output_ids) == list(ar.output_ids),
+            "engine_rounds": list(spec.accept_lengths), "walk_rounds": walk, "compared": compared,
+            "full_block_rounds": full, "equal": compared == full and list(spec.output_ids) == list(ar.output_ids)}
