@@ -223,7 +223,7 @@ def findings_records_input(wildcards):
 def findings_drafter_input(wildcards):
     if f"findings_{wildcards.name}" not in DRAFTER_IDS:
         raise ValueError(f"'{wildcards.name}' is not a findings drafter ({', '.join(dcfg.FINDINGS_PLAN)})")
-    return f"{drafter_dir('findings_' + wildcards.name)}/training_summary.json"
+    return f"{drafter_dir(f'findings_{wildcards.name}')}/training_summary.json"
 
 
 def findings_outputs():
