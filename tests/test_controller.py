@@ -260,3 +260,43 @@ def test_calibration_context_is_the_jobs_typical_context():
     assert typical_context_tokens([700, 20, 90], 128) == 90 + 64  # median prompt + half the budget
     assert typical_context_tokens([], 64) == DEFAULT_CALIBRATION_CONTEXT
     assert 1 in CALIBRATION_BLOCK_SIZES  # the cost of not drafting is measured, not extrapolated
+
+
+@pytest.mark.parametrize("idle_decay, most", [(0.995, 0.15), (0.9, 1.0)])
+def test_rounds_without_drafts_forget_slowly_so_a_useless_drafter_is_rarely_probed(idle_decay, most):
+    """No draft is ever accepted (τ = 1): with the slow idle decay the controller probes in few rounds; with the
+    drafted-round decay on idle rounds too (the old behaviour) it probed about every other round."""
+    ctl = BlockSizeController(cpu_like_latency(), max_block_size=16, idle_decay=idle_decay)
+    probes = 0
+    for _ in range(200):
+        b = ctl.choose(1)
+        probes += b > 1
+        ctl.observe(b - 1, 0)
+    share = probes / 200
+    if idle_decay == 0.995:
+        assert 0 < share <= most  # it still probes now and then (never stuck for good)
+    else:
+        assert share > 0.5
+
+
+def test_measured_round_times_correct_an_underpriced_latency_model():
+    lat = cpu_like_latency()
+    ctl = BlockSizeController(lat, max_block_size=16, prior_strength=1e-9)
+    for _ in range(30):
+        ctl.observe(7, 3)
+    b = ctl.choose(8)
+    assert b > 1  # by the model drafting pays at c = 8 ...
+    s = ctl.tracker.survival()
+    e = 1 + sum(s[: b - 1])
+    for _ in range(40):  # ... but drafted rounds measure 3x their prediction, AR rounds as predicted
+        ctl.observe_time(b, 8, 3 * lat.round_seconds(b, 8, committed=e, pending=e), committed=e)
+        ctl.observe_time(1, 8, lat.round_seconds(1, 8))
+    assert ctl.time_ratio[True] == pytest.approx(3.0, rel=0.05) and ctl.time_ratio[False] == pytest.approx(1.0)
+    assert ctl.choose(8) == 1
+    off = BlockSizeController(lat, max_block_size=16, prior_strength=1e-9, time_weight=0.0)
+    for _ in range(30):
+        off.observe(7, 3)
+    off.observe_time(b, 8, 100.0)
+    assert off.choose(8) == b and off.time_ratio[True] == 1.0
+    ctl.reset()
+    assert ctl.time_ratio == {False: 1.0, True: 1.0}

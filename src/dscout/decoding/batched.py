@@ -217,6 +217,10 @@ class BatchedSpeculativeEngine:
             if self.controller is not None:
                 self.controller.observe_batch(observed)
             td = time.perf_counter()
+            if self.controller is not None and observed:  # the measured round against the latency model
+                self.controller.observe_time(max(ks) + 1, len(observed), td - ta,
+                                             committed=sum(n + 1 for _, n in observed) / len(observed),
+                                             pending=catchup)
             batch.draft_seconds.append((tb - ta) + (td - tc))
             batch.verify_seconds.append(tc - tb)
         batch.decode_seconds = time.perf_counter() - t1

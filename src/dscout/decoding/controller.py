@@ -18,8 +18,18 @@ generation, so the controller spreads it over the tokens that remain (at most ``
 is worth ``E[L] / (T(bs, c) + extra * E[L] / H)`` with ``H = min(tokens left, catchup_horizon)``. A long backlog
 near the end of a generation therefore keeps it at bs 1, while a backlog early on, or a clear gain from drafting,
 does not (charging the whole backlog to one round would make every skipped round a reason to skip the next one).
-While it does not draft, the acceptance counts keep decaying towards the prior, which is what makes it try
-drafting again.
+While it does not draft, the acceptance counts decay towards the prior, slowly (``idle_decay`` per round without
+drafts, against ``decay`` per drafted round), which is what makes it try drafting again now and then: with the
+drafted-round decay, a handful of failed probes at c = 1 was outweighed by the prior within a few rounds, and the
+CPU default's controller probed about every other round on prompts where no draft is ever accepted (τ ≈ 1.0;
+docs/online_controller.md).
+
+Measured round times. The calibrated model is fitted once, at start-up, on a fresh short context; the rounds of a
+real run can cost more (a longer cache, the batched engine's masked slots of rejected drafts, machine load). After
+each round the engine reports its wall time (:meth:`BlockSizeController.observe_time`) and the controller keeps a
+running ratio of measured to predicted seconds, one for rounds that draft and one for rounds that do not; a
+candidate's predicted time is scaled by its class's ratio. No model of where the extra cost comes from is needed,
+and a ratio that drifts is followed (exponential average, ``time_weight`` per round).
 
 Acceptance statistics (:class:`AcceptanceTracker`): a round that drafted ``k`` tokens and accepted ``n``
 observes positions ``1..min(n + 1, k)``: successes at ``1..n``, a failure at ``n + 1`` when ``n < k``;
@@ -50,12 +60,14 @@ class AcceptanceTracker:
         ValueError: for ``max_drafts < 1`` or ``decay`` outside (0, 1].
     """
 
-    def __init__(self, max_drafts: int, decay: float = 0.9, prior_strength: float = 2.0, prior: float = 0.5):
+    def __init__(self, max_drafts: int, decay: float = 0.9, prior_strength: float = 2.0, prior: float = 0.5,
+                 idle_decay: float = 0.995):
         if max_drafts < 1:
             raise ValueError("max_drafts must be >= 1")
-        if not 0 < decay <= 1:
-            raise ValueError("decay must be in (0, 1]")
+        if not 0 < decay <= 1 or not 0 < idle_decay <= 1:
+            raise ValueError("decay and idle_decay must be in (0, 1]")
         self.max_drafts, self.decay, self.prior_strength, self.prior = max_drafts, decay, prior_strength, prior
+        self.idle_decay = idle_decay
         self.reset()
 
     def reset(self) -> None:
@@ -68,10 +80,12 @@ class AcceptanceTracker:
         self.update_batch([(drafted, accepted)])
 
     def update_batch(self, rounds: list[tuple[int, int]]) -> None:
-        """Record one batch round: ``(drafted, accepted)`` per request; the old counts decay once."""
+        """Record one batch round: ``(drafted, accepted)`` per request; the old counts decay once (by ``decay``, or
+        by ``idle_decay`` when no request drafted)."""
+        f = self.decay if any(d > 0 for d, _ in rounds) else self.idle_decay
         for j in range(self.max_drafts):
-            self.successes[j] *= self.decay
-            self.trials[j] *= self.decay
+            self.successes[j] *= f
+            self.trials[j] *= f
         for drafted, accepted in rounds:
             for j in range(min(accepted + 1, drafted, self.max_drafts)):
                 self.trials[j] += 1.0
@@ -102,27 +116,32 @@ class BlockSizeController:
         latency: a :class:`~dscout.decoding.latency.LatencyModel` of this target/drafter on this machine.
         max_block_size: the drafter's largest training horizon (upper bound of bs).
         candidates: bs values to consider (default every bs from 1 to ``max_block_size``; 1 = no drafts).
-        decay, prior_strength, prior: see :class:`AcceptanceTracker`.
+        decay, prior_strength, prior, idle_decay: see :class:`AcceptanceTracker`.
         catchup_horizon: tokens over which a resumed drafting regime pays off a catch-up backlog (module doc).
+        time_weight: weight of the newest round in the measured / predicted time ratios (0 = no time feedback).
     Attributes:
         overhead_seconds: wall seconds spent in :meth:`choose` and the feedback (the controller's cost per run).
     """
 
     def __init__(self, latency, max_block_size: int, candidates: list[int] | None = None, decay: float = 0.9,
-                 prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64):
+                 prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64,
+                 idle_decay: float = 0.995, time_weight: float = 0.1):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
         self.max_block_size = max_block_size
         self.candidates = sorted({b for b in (candidates or range(1, max_block_size + 1)) if 1 <= b <= max_block_size})
-        self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior)
+        self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior, idle_decay)
         self.overhead_seconds = 0.0
         self.catchup_horizon = max(int(catchup_horizon), 1)
+        self.time_weight = float(time_weight)
+        self.time_ratio = {False: 1.0, True: 1.0}  # measured / predicted round seconds: (drafting?) -> ratio
 
     def reset(self) -> None:
         """Forget every observation and the overhead so far (e.g. after an untimed warm-up)."""
         self.tracker.reset()
         self.overhead_seconds = 0.0
+        self.time_ratio = {False: 1.0, True: 1.0}
 
     def choose(self, concurrency: int = 1, limit: int | None = None, pending: int = 0,
                left: int | None = None) -> int:
@@ -151,11 +170,34 @@ class BlockSizeController:
             t = lat.round_seconds(bs, c, committed=e)
             if bs > 1 and pending > e:  # a backlog: one-off catch-up, spread over the tokens it pays for
                 t += (lat.commit_seconds(pending, c) - lat.commit_seconds(e, c)) * e / max(horizon, e)
-            rate = e / t
+            rate = e / (t * self.time_ratio[bs > 1])
             if rate > best_rate:
                 best, best_rate = bs, rate
         self.overhead_seconds += time.perf_counter() - t0
         return best
+
+    def observe_time(self, bs: int, concurrency: int, seconds: float, committed: float | None = None,
+                     pending: float = 0.0) -> None:
+        """Feed back one round's measured wall time (seconds) against the latency model's prediction for it.
+
+        Args:
+            bs: the round's block size (1 = no drafts).
+            concurrency: requests in the round.
+            seconds: its wall time (draft, verify, commit and bookkeeping).
+            committed: tokens it committed per request (mean), the steady-state catch-up the model prices.
+            pending: kept tokens per request its draft wrote first (a backlog after skipped rounds).
+        """
+        if self.time_weight <= 0 or seconds <= 0:
+            return
+        t0 = time.perf_counter()
+        lat = self.latency
+        predicted = lat.round_seconds(bs, concurrency, committed=committed,
+                                      pending=max(pending, committed or 0.0) if bs > 1 else None)
+        if predicted > 0:
+            ratio = min(max(seconds / predicted, 0.25), 4.0)
+            key = bs > 1
+            self.time_ratio[key] += self.time_weight * (ratio - self.time_ratio[key])
+        self.overhead_seconds += time.perf_counter() - t0
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Feed back one request's round: ``drafted`` drafts, ``accepted`` of them accepted."""

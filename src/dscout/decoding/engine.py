@@ -179,6 +179,7 @@ class SpeculativeEngine:
             else:
                 bs_round = block_size
             k = min(bs_round - 1, remaining)
+            pending = getattr(self.proposer, "pending_tokens", 0) if k > 0 else 0
             draft = self.proposer.propose(x, position, k, temperature, gen) if k > 0 else None
             _sync(dev)
             tb = time.perf_counter()
@@ -204,6 +205,8 @@ class SpeculativeEngine:
                 _sync(dev)
             td = time.perf_counter()
             n_acc = len(accepted)
+            if controller is not None:  # the measured round against the latency model (module doc of controller)
+                controller.observe_time(k + 1, 1, td - ta, committed=n_acc + 1, pending=pending)
             res.draft_seconds.append((tb - ta) + (td - tc))
             res.verify_seconds.append(tc - tb)
             emitted, stopped = commit_round(res.output_ids, (accepted + [bonus])[:remaining], self.stop_token_ids)
