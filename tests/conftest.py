@@ -47,6 +47,20 @@ def tiny_drafter(target, layers=2, block_size=32, seed=1, layer_ids=None, mask_t
     return DFlashDrafter(cfg).to(target.dtype).attach_target(target)
 
 
+def greedy_sequences(target, n=24, prompt_len=5, new_tokens=40, seed=0) -> list[dict]:
+    """``n`` training-style sequences: random prompts and the target's own greedy continuations (AR engine)."""
+    from dscout.decoding.engine import SpeculativeEngine
+
+    ar = SpeculativeEngine(target)
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for i in range(n):
+        prompt = torch.randint(1, target.vocab_size - 2, (prompt_len,), generator=g).tolist()
+        out = ar.generate(prompt, new_tokens).output_ids
+        seqs.append({"id": i, "input_ids": prompt + out, "loss_mask": [0] * prompt_len + [1] * len(out)})
+    return seqs
+
+
 @pytest.fixture(scope="module")
 def target():
     return tiny_target()

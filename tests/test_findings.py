@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from dscout.analysis import findings as fa
-from dscout.decoding.engine import SpeculativeEngine
 from dscout.experiments.findings import accept_lengths, correct_prefixes, decode_check, evaluate_drafter, sequence_taps
 from dscout.training.holdout import holdout_split
 from dscout.training.trainer import TrainConfig, train_drafter
 
-from .conftest import tiny_target
+from .conftest import greedy_sequences, tiny_target
 
 
 def test_accept_lengths_and_the_decode_walk():
@@ -41,13 +40,7 @@ def trained(tmp_path_factory):
     from dscout.models.export import drafter_for_target
 
     t = tiny_target(dtype=torch.float32, seed=5, init=0.3)
-    ar = SpeculativeEngine(t)
-    g = torch.Generator().manual_seed(0)
-    seqs = []
-    for i in range(24):
-        prompt = torch.randint(1, 62, (5,), generator=g).tolist()
-        out = ar.generate(prompt, 40).output_ids
-        seqs.append({"id": i, "input_ids": prompt + out, "loss_mask": [0] * 5 + [1] * len(out)})
+    seqs = greedy_sequences(t)
     cfg = TrainConfig(recipe="dscout", num_layers=1, target_layer_ids=[1, 3], mask_token_id=63, num_anchors=8,
                       micro_batch_size=2, lr=5e-3, max_steps=80, checkpoint_every=0, seed=3, holdout=6)
     work = tmp_path_factory.mktemp("findings")

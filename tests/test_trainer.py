@@ -5,25 +5,18 @@ import json
 import pytest
 import torch
 
-from dscout.decoding.engine import SpeculativeEngine
 from dscout.models.export import load_dflash_checkpoint
 from dscout.training.features import FeatureCache, build_feature_cache
 from dscout.training.trainer import TrainConfig, sample_indices, train_drafter
 
-from .conftest import tiny_target
+from .conftest import greedy_sequences, tiny_target
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A tiny float32 target, its own greedy responses as training data, and their feature cache."""
     t = tiny_target(dtype=torch.float32, seed=5, init=0.3)
-    ar = SpeculativeEngine(t)
-    g = torch.Generator().manual_seed(0)
-    seqs = []
-    for i in range(24):
-        prompt = torch.randint(1, 62, (5,), generator=g).tolist()
-        out = ar.generate(prompt, 40).output_ids
-        seqs.append({"id": i, "input_ids": prompt + out, "loss_mask": [0] * 5 + [1] * len(out)})
+    seqs = greedy_sequences(t)
     cache = tmp_path_factory.mktemp("features")
     build_feature_cache(t, seqs, [1, 2, 3], cache, shard_size=10, batch_size=4)
     return t, seqs, cache
