@@ -410,13 +410,15 @@ def cmd_findings_outputs(a):
     """Greedy AR outputs of the findings stage's benchmark prompts (first turn), batched like the responses."""
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
+    from dscout.data.paths import data_root
     from dscout.data.responses import generate_responses
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
     b, chat = st["benchmarks"], st["chat"]
     prompts = [{"id": f"{name}-{p.prompt_id}", "source": name, "prompt": p.turns[0]}
-               for name in b["names"] for p in load_benchmark(name, a.data_root, b["num_prompts"], seed=b["seed"])]
+               for name in b["names"] for p in load_benchmark(name, data_root(a.data_root), b["num_prompts"],
+                                                                     seed=b["seed"])]
     target = load_target(a.target)
     generate_responses(target, prompts, a.out, max_new_tokens=b["max_new_tokens"], batch_size=b["batch_size"],
                        temperature=0.0, system_prompt=chat["system_prompt"], enable_thinking=chat["enable_thinking"])
