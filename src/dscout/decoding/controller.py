@@ -28,7 +28,8 @@ Measured round times. The calibrated model is fitted once, at start-up, on a fre
 real run can cost more (a longer cache, the batched engine's masked slots of rejected drafts, machine load). After
 each round the engine reports its wall time (:meth:`BlockSizeController.observe_time`) and the controller keeps a
 running ratio of measured to predicted seconds, one for rounds that draft and one for rounds that do not; a
-candidate's predicted time is scaled by its class's ratio. No model of where the extra cost comes from is needed,
+candidate's predicted time is scaled by its class's ratio; a class without a measured round yet borrows the other
+class's ratio (a ratio learned only at bs 1 would otherwise make drafting look cheap by comparison). No model of where the extra cost comes from is needed,
 and a ratio that drifts is followed (exponential average, ``time_weight`` per round).
 
 Acceptance statistics (:class:`AcceptanceTracker`): a round that drafted ``k`` tokens and accepted ``n``
@@ -136,12 +137,14 @@ class BlockSizeController:
         self.catchup_horizon = max(int(catchup_horizon), 1)
         self.time_weight = float(time_weight)
         self.time_ratio = {False: 1.0, True: 1.0}  # measured / predicted round seconds: (drafting?) -> ratio
+        self.timed = {False: 0, True: 0}  # measured rounds per class
 
     def reset(self) -> None:
         """Forget every observation and the overhead so far (e.g. after an untimed warm-up)."""
         self.tracker.reset()
         self.overhead_seconds = 0.0
         self.time_ratio = {False: 1.0, True: 1.0}
+        self.timed = {False: 0, True: 0}
 
     def choose(self, concurrency: int = 1, limit: int | None = None, pending: int = 0,
                left: int | None = None) -> int:
@@ -165,12 +168,13 @@ class BlockSizeController:
         lat, c = self.latency, concurrency
         horizon = float(self.catchup_horizon if left is None else max(min(left, self.catchup_horizon), 1))
         best, best_rate = pool[0], -1.0
+        ratio = {k: self.time_ratio[k if self.timed[k] else not k] for k in (False, True)}
         for bs in pool:
             e = expected[bs - 1]
             t = lat.round_seconds(bs, c, committed=e)
             if bs > 1 and pending > e:  # a backlog: one-off catch-up, spread over the tokens it pays for
                 t += (lat.commit_seconds(pending, c) - lat.commit_seconds(e, c)) * e / max(horizon, e)
-            rate = e / (t * self.time_ratio[bs > 1])
+            rate = e / (t * ratio[bs > 1])
             if rate > best_rate:
                 best, best_rate = bs, rate
         self.overhead_seconds += time.perf_counter() - t0
@@ -196,7 +200,10 @@ class BlockSizeController:
         if predicted > 0:
             ratio = min(max(seconds / predicted, 0.25), 4.0)
             key = bs > 1
+            if not self.timed[key]:  # the first measurement of a class starts from the other class's ratio
+                self.time_ratio[key] = self.time_ratio[not key] if self.timed[not key] else 1.0
             self.time_ratio[key] += self.time_weight * (ratio - self.time_ratio[key])
+            self.timed[key] += 1
         self.overhead_seconds += time.perf_counter() - t0
 
     def observe(self, drafted: int, accepted: int) -> None:
