@@ -234,3 +234,42 @@ def test_rounds_without_drafts_do_no_drafter_work_and_stay_exact(target):
                                        batched_draft=batched_draft).generate(prompts, 16, block_size=8)
         assert [r.output_ids for r in out.results] == refs
         assert len(out.drafter_seconds) == len(out.block_sizes) == len(out.catchup_tokens)
+
+
+def test_serving_repeats_rotate_the_methods_and_the_controller_keeps_its_statistics(target, tmp_path):
+    """Three repeats: each method decodes the batch once per repeat, in an order rotated by one per repeat; the
+    online controller is reset once (after the warm-up) and carries its acceptance and round-time statistics from
+    one repeat to the next; Table 4 reports the median speedup over the repeats inside its [min, max]."""
+    from dscout.analysis.table4 import table4_rows
+    from dscout.decoding.controller import BlockSizeController
+    from dscout.evaluation.serving import serving_records
+
+    from .test_controller import cpu_like_latency
+
+    d = tiny_drafter(target, layers=1, block_size=8)
+    ctl = BlockSizeController(cpu_like_latency(), 8)
+    resets = []
+    reset = ctl.reset
+    ctl.reset = lambda: (resets.append(1), reset())
+    factories = {"ar": ("ar", None, None), "dscout-bs4": ("dscout", "ds", lambda: BlockDiffusionProposer(d)),
+                 "dscout-online": ("dscout", "ds", lambda: BlockDiffusionProposer(d))}
+    sizes = {"dscout-bs4": 4, "dscout-online": 8}
+    prompts = _prompts(3, 5)
+    recs = serving_records(target, factories, prompts, ["a", "b", "c"], 3, 9, sizes, [], repeats=3,
+                           controllers={"dscout-online": ctl})
+    assert len(recs) == 3 * 3 * 3 and len(resets) == 1
+    order = [recs[i]["method_key"] for i in range(0, len(recs), 3)]  # one batch = 3 consecutive records
+    assert order == ["ar", "dscout-bs4", "dscout-online", "dscout-bs4", "dscout-online", "ar",
+                     "dscout-online", "ar", "dscout-bs4"]
+    assert [recs[i]["repeat"] for i in range(0, len(recs), 9)] == [0, 1, 2]
+    ar = {(r["repeat"], r["prompt_id"]): r["output_ids"] for r in recs if r["method"] == "ar"}
+    assert all(r["output_ids"] == ar[(r["repeat"], r["prompt_id"])] for r in recs)
+    online_rounds = sum(len(recs[i]["round_block_sizes"]) for i in range(0, len(recs), 3)
+                        if recs[i]["method_key"] == "dscout-online")
+    assert sum(ctl.timed.values()) == online_rounds  # every repeat's rounds fed the same statistics
+    with pytest.raises(ValueError, match="repeats"):
+        serving_records(target, factories, prompts, ["a", "b", "c"], 3, 9, sizes, [], repeats=0)
+    row = table4_rows(recs)[0]
+    assert row["repeats"] == 3
+    assert row["online_speedup_min"] <= row["online_speedup"] <= row["online_speedup_max"]
+    assert row["best_speedup_min"] <= row["best_speedup"] <= row["best_speedup_max"]

@@ -377,7 +377,7 @@ def cmd_serve_cpu(a):
         sizes["dscout-online"] = probe.max_block_size
         controllers["dscout-online"] = ctl
     records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops,
-                              controllers=controllers)
+                              controllers=controllers, repeats=st.get("repeats", 1))
     write_records(records, a.out)
     write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
 

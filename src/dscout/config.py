@@ -704,6 +704,7 @@ def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
             "dflash": drafter_ids[s["dflash_drafter"]],
             "dscout": drafter_ids[s["dscout_drafter"]], "block_sizes": sorted(s["block_sizes"]),
             "benchmarks": s["benchmarks"], "pool_size": max(cfg["concurrency"]), "max_new_tokens": s["max_new_tokens"],
+            "repeats": cfg["repeats"] if s["backend"] == "batched" else 1,
             "seed": b["seed"], "cpu_packed_linear": b["cpu_packed_linear"],
             "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
                      "stop_tokens": t.get("stop_tokens")}}

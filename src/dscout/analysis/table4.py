@@ -10,70 +10,101 @@ from . import paper
 from .aggregate import load_records
 
 
-def throughput_table(records: list[dict]) -> dict[int, dict[str, dict]]:
-    """``c -> method key -> {throughput, mat, speedup, block_size, kind}``; speedup vs AR at the same c.
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
-    Throughput = committed decode tokens of the level's requests / the level's wall time (``batch_decode_seconds``:
-    the batched engine's batch, or the SGLang client's closed loop). Torch-free: Table 4 renders in the plot env.
+
+def throughput_table(records: list[dict]) -> dict[int, dict[str, dict]]:
+    """``c -> method key -> {throughput, mat, speedup, speedup_min, speedup_max, repeats, block_size, kind}``.
+
+    Per repeat (records carry ``repeat``; one batch per method and repeat): throughput = committed decode tokens
+    of the level's requests / the level's wall time (``batch_decode_seconds``: the batched engine's batch, or the
+    SGLang client's closed loop), and the speedup = that / AR's throughput in the same repeat. Reported: the
+    median over repeats of both, with the speedup's min and max (the spread). Torch-free: Table 4 renders in the
+    plot env.
 
     Raises:
-        ValueError: if a concurrency level has no AR records.
+        ValueError: if a concurrency level, or one of its repeats, has no AR records.
     """
-    by = defaultdict(lambda: defaultdict(list))
+    by = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in records:
-        by[r["concurrency"]][r["method_key"]].append(r)
+        by[r["concurrency"]][r["method_key"]][r.get("repeat") or 0].append(r)
     out = {}
     for c, methods in sorted(by.items()):
-        row = {}
-        for key, rs in methods.items():
-            tokens = sum(r["new_tokens"] - 1 for r in rs)
-            seconds = rs[0]["batch_decode_seconds"]
-            rounds = [n for r in rs for n in r["accept_lengths"]]
-            row[key] = {"throughput": tokens / max(seconds, 1e-9), "mat": sum(rounds) / max(len(rounds), 1),
-                        "block_size": rs[0]["block_size"], "kind": rs[0]["method"]}
-            if rs[0]["block_size"] == "online":  # one batch: the controller's rounds are shared by its records
-                chosen = rs[0].get("round_block_sizes") or []
-                row[key].update(bs_mean=sum(chosen) / max(len(chosen), 1),
-                                overhead_us=1e6 * rs[0].get("controller_seconds", 0.0) / max(len(chosen), 1))
-        if "ar" not in row:
+        if "ar" not in methods:
             raise ValueError(f"no AR run at concurrency {c}")
-        for v in row.values():
-            v["speedup"] = v["throughput"] / row["ar"]["throughput"]
+        ar = {rep: sum(r["new_tokens"] - 1 for r in rs) / max(rs[0]["batch_decode_seconds"], 1e-9)
+              for rep, rs in methods["ar"].items()}
+        row = {}
+        for key, reps in methods.items():
+            thr, ratios, rounds, chosen, overhead = [], [], [], [], 0.0
+            for rep, rs in sorted(reps.items()):
+                if rep not in ar:
+                    raise ValueError(f"no AR run at concurrency {c}, repeat {rep} (method {key})")
+                t = sum(r["new_tokens"] - 1 for r in rs) / max(rs[0]["batch_decode_seconds"], 1e-9)
+                thr.append(t)
+                ratios.append(t / ar[rep])
+                rounds += [n for r in rs for n in r["accept_lengths"]]
+                chosen += rs[0].get("round_block_sizes") or []  # one batch: its records share the rounds
+                overhead += rs[0].get("controller_seconds") or 0.0
+            first = next(iter(reps.values()))[0]
+            row[key] = {"throughput": _median(thr), "speedup": _median(ratios), "speedup_min": min(ratios),
+                        "speedup_max": max(ratios), "speedups": ratios, "repeats": len(ratios),
+                        "mat": sum(rounds) / max(len(rounds), 1), "block_size": first["block_size"],
+                        "kind": first["method"]}
+            if first["block_size"] == "online":
+                row[key].update(bs_mean=sum(chosen) / max(len(chosen), 1),
+                                overhead_us=1e6 * overhead / max(len(chosen), 1))
         out[c] = row
     return out
 
 
 def table4_rows(records: list[dict]) -> list[dict]:
-    """One row per concurrency: throughput of AR, speedups, the selected bs and the gain of selection.
+    """One row per concurrency: throughput of AR, speedups (medians over repeats, with spread), the selected bs and
+    the gain of selection.
 
-    DScout(best) = the DScout bs with the highest measured throughput at that c; the gain of selection is
-    ``G_best / G_DScout(16) - 1``.
+    DScout(best) = the DScout bs with the highest median speedup at that c; the gain of selection is
+    ``G_best / G_DScout(16) - 1`` (median throughputs); online vs best is the median over repeats of the ratio of
+    their throughputs in the same repeat.
     """
     rows = []
     for c, m in throughput_table(records).items():
         dscout = {k: v for k, v in m.items() if v["kind"] == "dscout" and v["block_size"] != "online"}
         online = next((v for v in m.values() if v["block_size"] == "online"), None)
-        best_key = max(dscout, key=lambda k: dscout[k]["throughput"]) if dscout else None
+        best_key = max(dscout, key=lambda k: dscout[k]["speedup"]) if dscout else None
         fixed16 = next((v for v in dscout.values() if v["block_size"] == 16), None)
-        row = {"concurrency": c, "ar_tokens_per_s": m["ar"]["throughput"]}
+        row = {"concurrency": c, "ar_tokens_per_s": m["ar"]["throughput"], "repeats": m["ar"]["repeats"]}
         for label, bs, kind in (("dflash16", 16, "dflash"), ("dscout16", 16, "dscout"), ("dscout32", 32, "dscout"),
                                 ("eagle3", None, "eagle3")):
             v = next((v for v in m.values() if v["kind"] == kind and (bs is None or v["block_size"] == bs)), None)
             row[f"{label}_speedup"] = v["speedup"] if v else None
             row[f"{label}_mat"] = v["mat"] if v else None
-        row["best_bs"] = dscout[best_key]["block_size"] if best_key else None
-        row["best_speedup"] = dscout[best_key]["speedup"] if best_key else None
-        row["best_mat"] = dscout[best_key]["mat"] if best_key else None
-        row["selection_gain"] = (dscout[best_key]["throughput"] / fixed16["throughput"] - 1
-                                 if best_key and fixed16 else None)
+        best = dscout[best_key] if best_key else None
+        row["best_bs"] = best["block_size"] if best else None
+        row["best_speedup"] = best["speedup"] if best else None
+        row["best_speedup_min"] = best["speedup_min"] if best else None
+        row["best_speedup_max"] = best["speedup_max"] if best else None
+        row["best_mat"] = best["mat"] if best else None
+        row["selection_gain"] = best["throughput"] / fixed16["throughput"] - 1 if best and fixed16 else None
         row["online_speedup"] = online["speedup"] if online else None
+        row["online_speedup_min"] = online["speedup_min"] if online else None
+        row["online_speedup_max"] = online["speedup_max"] if online else None
         row["online_mat"] = online["mat"] if online else None
         row["online_bs_mean"] = online["bs_mean"] if online else None
         row["online_overhead_us_per_round"] = online["overhead_us"] if online else None
-        row["online_vs_best"] = (online["throughput"] / dscout[best_key]["throughput"] - 1
-                                 if online and best_key else None)
+        row["online_vs_best"] = (_median([o / b for o, b in zip(online["speedups"], best["speedups"])]) - 1
+                                 if online and best else None)
         rows.append(row)
     return rows
+
+
+def _spread(row: dict, label: str) -> str:
+    """``[min, max] `` of a speedup over the repeats (empty for one repeat)."""
+    if row.get("repeats", 1) < 2 or row.get(f"{label}_speedup_min") is None:
+        return ""
+    return f"[{row[f'{label}_speedup_min']:.2f}, {row[f'{label}_speedup_max']:.2f}] "
 
 
 def _f(x, fmt="{:.2f}"):
@@ -99,9 +130,10 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
               f"{_f(r['dflash16_speedup'])}× τ{_f(r['dflash16_mat'])}",
               f"{_f(r['dscout16_speedup'])}× τ{_f(r['dscout16_mat'])}",
               f"{_f(r['dscout32_speedup'])}× τ{_f(r['dscout32_mat'])}",
-              f"{_f(r['best_speedup'])}× τ{_f(r['best_mat'])}", str(r["best_bs"]),
+              f"{_f(r['best_speedup'])}× {_spread(r, 'best')}τ{_f(r['best_mat'])}", str(r["best_bs"]),
               _f(None if r["selection_gain"] is None else 100 * r["selection_gain"], "{:+.1f}%"),
-              *([f"{_f(r['online_speedup'])}× τ{_f(r['online_mat'])}", _f(r["online_bs_mean"], "{:.1f}"),
+              *([f"{_f(r['online_speedup'])}× {_spread(r, 'online')}τ{_f(r['online_mat'])}",
+                 _f(r["online_bs_mean"], "{:.1f}"),
                  _f(None if r["online_vs_best"] is None else 100 * r["online_vs_best"], "{:+.1f}%"),
                  _f(r["online_overhead_us_per_round"], "{:.0f}")] if online else [])] for r in rows]
     if stage.get("backend") == "sglang":
@@ -111,7 +143,8 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
         how = "CPU, this project's batched engine: the c requests of each level decoded together"
     caption = (f"Measured on {stage.get('target', 'the target')} ({how}; greedy, {stage.get('max_new_tokens', '?')} "
                f"new tokens each, prompts pooled from {', '.join(stage.get('benchmarks', []))}). Speedup = method "
-               "throughput / AR throughput at the same c; DScout(best) picks bs per c from the measured throughput; "
+               "throughput / AR throughput at the same c and repeat, the median over "
+               f"{rows[0].get('repeats', 1)} repeat(s), [min, max] where there are several; DScout(best) picks bs per c from the measured throughput; "
                "computed from results/serving/ records. PARD-2 is not in this table: SGLang has no PARD algorithm "
                "(vLLM serves PARD through its parallel-drafting path, which this workflow does not run); its "
                "single-request speed is in Table 3."

@@ -211,6 +211,10 @@ class BatchedSpeculativeEngine:
                 last[i] = bonus
                 if res.stop_reason == "stop_token" or len(res.output_ids) >= max_new_tokens:
                     active[i] = False
+            keep = max((n + 1 for _, n in observed), default=1)
+            if keep < width:  # slots rejected in every row: out of the cache, so later verifies do not attend them
+                cache.crop(keep - width)
+                committed_slots = committed_slots[:, :keep]
             keys = torch.cat([keys, committed_slots], dim=1)
             if group is not None:
                 group.end_round()

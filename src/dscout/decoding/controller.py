@@ -18,11 +18,15 @@ generation, so the controller spreads it over the tokens that remain (at most ``
 is worth ``E[L] / (T(bs, c) + extra * E[L] / H)`` with ``H = min(tokens left, catchup_horizon)``. A long backlog
 near the end of a generation therefore keeps it at bs 1, while a backlog early on, or a clear gain from drafting,
 does not (charging the whole backlog to one round would make every skipped round a reason to skip the next one).
-While it does not draft, the acceptance counts decay towards the prior, slowly (``idle_decay`` per round without
-drafts, against ``decay`` per drafted round), which is what makes it try drafting again now and then: with the
-drafted-round decay, a handful of failed probes at c = 1 was outweighed by the prior within a few rounds, and the
-CPU default's controller probed about every other round on prompts where no draft is ever accepted (τ ≈ 1.0;
-docs/online_controller.md).
+Two time scales of acceptance. The recent counts (``decay`` per round, ~10 rounds) follow the text being written;
+they are shrunk towards a long-run estimate of the same drafter on the same job (``long_decay`` per drafted round,
+~100 rounds), not towards a fixed guess. While the controller does not draft, the recent counts fade by ``decay``
+per round, so its estimate returns to the long-run rate within ~20 rounds, and the long-run counts fade slowly
+(``idle_decay`` per round without drafts) towards the prior. So a drafter that pays on average resumes drafting
+soon after a bad stretch, and a drafter that never pays (τ ≈ 1) is probed only every ~100+ rounds. Measured on the
+CPU default (docs/online_controller.md): with one time scale decaying by 0.9 on every round the controller probed
+about every other round where no draft is ever accepted; with the idle rounds' slow decay on that one scale it got
+stuck at bs 1 after a bad stretch where bs 4 pays (GSM8K, 127 of 127 rounds of a repeat at bs 1).
 
 Measured round times. The calibrated model is fitted once, at start-up, on a fresh short context; the rounds of a
 real run can cost more (a longer cache, the batched engine's masked slots of rejected drafts, machine load). After
@@ -50,52 +54,72 @@ import time
 
 
 class AcceptanceTracker:
-    """Decayed per-position acceptance counts with hierarchical shrinkage.
+    """Decayed per-position acceptance counts on two time scales, with hierarchical shrinkage.
 
     Args:
         max_drafts: largest number of drafts per round (horizon - 1).
-        decay: per-round multiplier of the old counts, in (0, 1].
-        prior_strength: pseudo-rounds pulling ``a_j`` towards ``a_{j-1}`` (``a_1`` towards ``prior``).
+        decay: per-round multiplier of the recent counts (drafted or not), in (0, 1].
+        prior_strength: pseudo-rounds pulling each rate towards its prior: the recent ``a_1`` towards the long-run
+            ``a_1``, the long-run ``a_1`` towards ``prior``, every later position (on either scale) towards the
+            position before it.
         prior: acceptance rate assumed before any observation at position 1.
+        idle_decay: per-round multiplier of the long-run counts on rounds without drafts.
+        long_decay: per-round multiplier of the long-run counts on drafted rounds.
     Raises:
-        ValueError: for ``max_drafts < 1`` or ``decay`` outside (0, 1].
+        ValueError: for ``max_drafts < 1`` or a decay outside (0, 1].
     """
 
     def __init__(self, max_drafts: int, decay: float = 0.9, prior_strength: float = 2.0, prior: float = 0.5,
-                 idle_decay: float = 0.995):
+                 idle_decay: float = 0.995, long_decay: float = 0.99):
         if max_drafts < 1:
             raise ValueError("max_drafts must be >= 1")
-        if not 0 < decay <= 1 or not 0 < idle_decay <= 1:
-            raise ValueError("decay and idle_decay must be in (0, 1]")
+        if not all(0 < f <= 1 for f in (decay, idle_decay, long_decay)):
+            raise ValueError("decay, idle_decay and long_decay must be in (0, 1]")
         self.max_drafts, self.decay, self.prior_strength, self.prior = max_drafts, decay, prior_strength, prior
-        self.idle_decay = idle_decay
+        self.idle_decay, self.long_decay = idle_decay, long_decay
         self.reset()
 
     def reset(self) -> None:
-        """Forget every observation."""
+        """Forget every observation (both time scales)."""
         self.successes = [0.0] * self.max_drafts
         self.trials = [0.0] * self.max_drafts
+        self.long_successes = [0.0] * self.max_drafts
+        self.long_trials = [0.0] * self.max_drafts
 
     def update(self, drafted: int, accepted: int) -> None:
         """Record one round: ``drafted`` drafts verified, the first ``accepted`` of them accepted."""
         self.update_batch([(drafted, accepted)])
 
     def update_batch(self, rounds: list[tuple[int, int]]) -> None:
-        """Record one batch round: ``(drafted, accepted)`` per request; the old counts decay once (by ``decay``, or
-        by ``idle_decay`` when no request drafted)."""
-        f = self.decay if any(d > 0 for d, _ in rounds) else self.idle_decay
+        """Record one batch round: ``(drafted, accepted)`` per request. The recent counts decay once by ``decay``;
+        the long-run counts by ``long_decay``, or by ``idle_decay`` when no request drafted."""
+        fl = self.long_decay if any(d > 0 for d, _ in rounds) else self.idle_decay
         for j in range(self.max_drafts):
-            self.successes[j] *= f
-            self.trials[j] *= f
+            self.successes[j] *= self.decay
+            self.trials[j] *= self.decay
+            self.long_successes[j] *= fl
+            self.long_trials[j] *= fl
         for drafted, accepted in rounds:
             for j in range(min(accepted + 1, drafted, self.max_drafts)):
                 self.trials[j] += 1.0
+                self.long_trials[j] += 1.0
                 if j < accepted:
                     self.successes[j] += 1.0
+                    self.long_successes[j] += 1.0
+
+    def long_rates(self) -> list[float]:
+        """The long-run ``[a_1, ..., a_K]`` (``a_1`` shrunk towards ``prior``, ``a_j`` towards ``a_{j-1}``)."""
+        out, prev = [], self.prior
+        for s, n in zip(self.long_successes, self.long_trials):
+            prev = (s + self.prior_strength * prev) / (n + self.prior_strength)
+            out.append(prev)
+        return out
 
     def rates(self) -> list[float]:
-        """``[a_1, ..., a_K]``, conditional acceptance per draft position."""
-        out, prev = [], self.prior
+        """``[a_1, ..., a_K]``, conditional acceptance per draft position from the recent rounds (``a_1`` shrunk
+        towards the long-run ``a_1``, ``a_j`` towards ``a_{j-1}``)."""
+        k = self.prior_strength
+        out, prev = [], (self.long_successes[0] + k * self.prior) / (self.long_trials[0] + k)
         for s, n in zip(self.successes, self.trials):
             prev = (s + self.prior_strength * prev) / (n + self.prior_strength)
             out.append(prev)
@@ -117,7 +141,7 @@ class BlockSizeController:
         latency: a :class:`~dscout.decoding.latency.LatencyModel` of this target/drafter on this machine.
         max_block_size: the drafter's largest training horizon (upper bound of bs).
         candidates: bs values to consider (default every bs from 1 to ``max_block_size``; 1 = no drafts).
-        decay, prior_strength, prior, idle_decay: see :class:`AcceptanceTracker`.
+        decay, prior_strength, prior, idle_decay, long_decay: see :class:`AcceptanceTracker`.
         catchup_horizon: tokens over which a resumed drafting regime pays off a catch-up backlog (module doc).
         time_weight: weight of the newest round in the measured / predicted time ratios (0 = no time feedback).
     Attributes:
@@ -126,13 +150,14 @@ class BlockSizeController:
 
     def __init__(self, latency, max_block_size: int, candidates: list[int] | None = None, decay: float = 0.9,
                  prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64,
-                 idle_decay: float = 0.995, time_weight: float = 0.1):
+                 idle_decay: float = 0.995, time_weight: float = 0.1, long_decay: float = 0.99):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
         self.max_block_size = max_block_size
         self.candidates = sorted({b for b in (candidates or range(1, max_block_size + 1)) if 1 <= b <= max_block_size})
-        self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior, idle_decay)
+        self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior, idle_decay,
+                                         long_decay)
         self.overhead_seconds = 0.0
         self.catchup_horizon = max(int(catchup_horizon), 1)
         self.time_weight = float(time_weight)

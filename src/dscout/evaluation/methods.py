@@ -113,7 +113,8 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, co
     Args:
         proposer: a :class:`~dscout.decoding.proposers.BlockDiffusionProposer`; bs may range up to its drafter's
             largest training horizon.
-        settings: the config's ``controller`` section (decay, prior_strength, prior, calibration_*).
+        settings: the config's ``controller`` section (decay, long_decay, idle_decay, prior_strength, prior,
+            time_weight, catchup_horizon, calibration_*).
         concurrency: the c the verify term is calibrated at (besides 1).
         context_tokens: the job's typical context (:func:`typical_context_tokens`), used when
             ``settings["calibration_context_tokens"]`` is unset.
@@ -131,4 +132,6 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, co
                                 repeats=settings.get("calibration_repeats", 5))
     return BlockSizeController(latency, horizon, decay=settings.get("decay", 0.9),
                                prior_strength=settings.get("prior_strength", 2.0), prior=settings.get("prior", 0.5),
-                               catchup_horizon=settings.get("catchup_horizon", 64))
+                               catchup_horizon=settings.get("catchup_horizon", 64),
+                               long_decay=settings.get("long_decay", 0.99), idle_decay=settings.get("idle_decay", 0.995),
+                               time_weight=settings.get("time_weight", 0.1))

@@ -17,39 +17,59 @@ from ..records import controller_fields, make_record
 
 def serving_records(target, proposer_factories: dict[str, tuple[str, str, object]], prompts: list[list[int]],
                     prompt_ids: list[str], concurrency: int, max_new_tokens: int, block_sizes: dict[str, int],
-                    stop_ids: list[int], repeat: int = 0, controllers: dict | None = None) -> list[dict]:
-    """Decode ``prompts[:concurrency]`` as one batch per method; one record per request.
+                    stop_ids: list[int], repeat: int = 0, controllers: dict | None = None,
+                    repeats: int = 1) -> list[dict]:
+    """Decode ``prompts[:concurrency]`` as one batch per method and repeat; one record per request and repeat.
+
+    The repeats run method after method in an order rotated by one each repeat (as the bench stage does), so every
+    method's repeat r is timed under the same machine conditions as the others' repeat r; Table 4 takes each
+    repeat's ratio to AR's and reports the median and spread over repeats. An online controller keeps its
+    statistics (acceptance, measured round-time ratios) from one repeat to the next, as a serving system's
+    controller lives across the batches it serves: the first repeat starts from the calibration alone.
 
     Args:
         proposer_factories: method key -> ``(kind, drafter id, factory)``; kind ``ar`` has factory None.
         block_sizes: method key -> bs (for a key in ``controllers``: the largest bs its controller may pick).
+        repeat: the first repeat's index (records carry ``repeat``, ``repeat + 1``, ...).
         controllers: method key -> :class:`~dscout.decoding.controller.BlockSizeController`: that method picks
             one bs per batch round online; its records say ``block_size: "online"`` and carry the bs chosen per
             round and the controller's seconds.
+        repeats: batches per method (>= 1).
     Raises:
-        ValueError: if fewer prompts than ``concurrency`` are given.
+        ValueError: if fewer prompts than ``concurrency`` are given, or ``repeats < 1``.
     """
     if len(prompts) < concurrency:
         raise ValueError(f"concurrency {concurrency} needs {concurrency} prompts, the serving pool has {len(prompts)}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     batch_prompts = prompts[:concurrency]
-    records = []
+    engines = {}
     for key, (kind, drafter, factory) in proposer_factories.items():
         controller = (controllers or {}).get(key)
         engine = BatchedSpeculativeEngine(target, factory, stop_ids, controller=controller)
-        bs = block_sizes.get(key, 1)
-        engine.generate([batch_prompts[0][:8]], 2, block_size=bs)  # warm-up
+        engine.generate([batch_prompts[0][:8]], 2, block_size=block_sizes.get(key, 1))  # warm-up
         if controller is not None:  # the warm-up's round out of the statistics and the overhead
             controller.reset()
-        out = engine.generate(batch_prompts, max_new_tokens, block_size=bs)
-        online = controller_fields(out.block_sizes, out.controller_seconds, out.draft_seconds, out.verify_seconds, bs)
-        bs_field = None if kind == "ar" else "online" if controller is not None else bs
-        for pid, r in zip(prompt_ids, out.results):
-            records.append(make_record(
-                benchmark="serving", prompt_id=pid, method=kind, method_key=key, method_name=key, drafter=drafter,
-                block_size=bs_field, temperature=0.0, repeat=repeat, concurrency=concurrency,
-                new_tokens=r.new_tokens, decode_seconds=out.decode_seconds, accept_lengths=r.accept_lengths,
-                output_ids=r.output_ids, stop_reason=r.stop_reason, runtime="batched",
-                batch_decode_seconds=out.decode_seconds, batch_throughput=out.throughput, **online))
+        engines[key] = engine
+    keys = list(proposer_factories)
+    records = []
+    for r in range(repeats):
+        for key in keys[r % len(keys):] + keys[: r % len(keys)]:
+            kind, drafter, _ = proposer_factories[key]
+            controller = (controllers or {}).get(key)
+            bs = block_sizes.get(key, 1)
+            out = engines[key].generate(batch_prompts, max_new_tokens, block_size=bs)
+            online = controller_fields(out.block_sizes, out.controller_seconds, out.draft_seconds,
+                                       out.verify_seconds, bs)
+            bs_field = None if kind == "ar" else "online" if controller is not None else bs
+            for pid, res in zip(prompt_ids, out.results):
+                records.append(make_record(
+                    benchmark="serving", prompt_id=pid, method=kind, method_key=key, method_name=key,
+                    drafter=drafter, block_size=bs_field, temperature=0.0, repeat=repeat + r,
+                    concurrency=concurrency, new_tokens=res.new_tokens, decode_seconds=out.decode_seconds,
+                    accept_lengths=res.accept_lengths, output_ids=res.output_ids, stop_reason=res.stop_reason,
+                    runtime="batched", batch_decode_seconds=out.decode_seconds, batch_throughput=out.throughput,
+                    **online))
     return records
 
 
