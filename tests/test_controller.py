@@ -308,7 +308,7 @@ def test_a_drafter_that_pays_on_average_resumes_after_a_bad_stretch():
 
 def test_measured_round_times_correct_an_underpriced_latency_model():
     lat = cpu_like_latency()
-    ctl = BlockSizeController(lat, max_block_size=16, prior_strength=1e-9)
+    ctl = BlockSizeController(lat, max_block_size=16, prior_strength=1e-9, time_relax=0.0)  # the ratios alone
     for _ in range(30):
         ctl.observe(7, 3)
     b = ctl.choose(8)
@@ -340,3 +340,40 @@ def test_a_class_without_measured_rounds_borrows_the_other_ratio():
         ctl.observe_time(1, 32, 2 * lat.round_seconds(1, 32))
     assert ctl.timed == {False: 40, True: 0} and ctl.time_ratio[False] == pytest.approx(2.0, rel=0.05)
     assert ctl.choose(32) == before  # both classes scaled alike until a drafted round is measured
+
+
+def test_a_frozen_controller_chooses_but_learns_nothing():
+    """Warm-up generations run frozen: a 4x slow first drafted round must not price drafting out."""
+    lat = cpu_like_latency()
+    ctl = BlockSizeController(lat, max_block_size=8)
+    before = (ctl.choose(1), list(ctl.tracker.trials), dict(ctl.time_ratio), ctl.overhead_seconds)
+    with ctl.frozen():
+        b = ctl.choose(1)
+        ctl.observe(b - 1, 0)
+        ctl.observe_time(b, 1, 4 * lat.round_seconds(b, 1))
+    assert (ctl.choose(1), list(ctl.tracker.trials), dict(ctl.time_ratio)) == before[:3]
+    assert ctl.overhead_seconds >= before[3] and not ctl._frozen
+    ctl.observe_time(b, 1, 4 * lat.round_seconds(b, 1))  # outside the block it learns
+    assert ctl.time_ratio[True] > 1
+
+
+def test_a_class_not_chosen_drifts_back_so_drafting_is_tried_again():
+    """Drafted rounds measured 3x their price (noise) stop drafting; every bs 1 round then pulls the drafting
+    ratio towards the measured bs 1 ratio, so drafting that pays by the acceptance is tried again; without the
+    drift (time_relax 0) it is priced out for good."""
+    lat = cpu_like_latency()
+    for relax, again in ((0.01, True), (0.0, False)):
+        ctl = BlockSizeController(lat, max_block_size=8, prior_strength=1e-9, time_relax=relax)
+        for i in range(40):
+            ctl.observe(7, (0, 1, 0, 2)[i % 4])
+        b = ctl.choose(1)
+        assert b > 1
+        for _ in range(30):
+            ctl.observe_time(1, 1, lat.round_seconds(1, 1))
+            ctl.observe_time(b, 1, 3 * lat.round_seconds(b, 1, committed=1.6, pending=1.6), committed=1.6)
+        assert ctl.choose(1) == 1
+        rounds = 0
+        while ctl.choose(1) == 1 and rounds < 400:
+            ctl.observe_time(1, 1, lat.round_seconds(1, 1))
+            rounds += 1
+        assert (rounds < 400) == again, rounds

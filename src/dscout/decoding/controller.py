@@ -33,7 +33,10 @@ real run can cost more (a longer cache, the batched engine's masked slots of rej
 each round the engine reports its wall time (:meth:`BlockSizeController.observe_time`) and the controller keeps a
 running ratio of measured to predicted seconds, one for rounds that draft and one for rounds that do not; a
 candidate's predicted time is scaled by its class's ratio; a class without a measured round yet borrows the other
-class's ratio (a ratio learned only at bs 1 would otherwise make drafting look cheap by comparison). No model of where the extra cost comes from is needed,
+class's ratio (a ratio learned only at bs 1 would otherwise make drafting look cheap by comparison), and a class
+not chosen drifts slowly towards the other's (``time_relax``): a class is measured only when chosen, so a few slow
+drafted rounds (machine noise) would otherwise price drafting out for the rest of the job. Untimed warm-up
+generations run inside :meth:`BlockSizeController.frozen`: their first calls are slow and teach nothing. No model of where the extra cost comes from is needed,
 and a ratio that drifts is followed (exponential average, ``time_weight`` per round).
 
 Acceptance statistics (:class:`AcceptanceTracker`): a round that drafted ``k`` tokens and accepted ``n``
@@ -50,6 +53,7 @@ distribution).
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 
@@ -144,13 +148,17 @@ class BlockSizeController:
         decay, prior_strength, prior, idle_decay, long_decay: see :class:`AcceptanceTracker`.
         catchup_horizon: tokens over which a resumed drafting regime pays off a catch-up backlog (module doc).
         time_weight: weight of the newest round in the measured / predicted time ratios (0 = no time feedback).
+        time_relax: per measured round of one class, the share by which the other class's ratio moves towards it
+            (a class is only measured when chosen: without this, a few slow drafted rounds would price drafting
+            out for good).
     Attributes:
         overhead_seconds: wall seconds spent in :meth:`choose` and the feedback (the controller's cost per run).
     """
 
     def __init__(self, latency, max_block_size: int, candidates: list[int] | None = None, decay: float = 0.9,
                  prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64,
-                 idle_decay: float = 0.995, time_weight: float = 0.1, long_decay: float = 0.99):
+                 idle_decay: float = 0.995, time_weight: float = 0.1, long_decay: float = 0.99,
+                 time_relax: float = 0.01):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
@@ -161,8 +169,10 @@ class BlockSizeController:
         self.overhead_seconds = 0.0
         self.catchup_horizon = max(int(catchup_horizon), 1)
         self.time_weight = float(time_weight)
+        self.time_relax = float(time_relax)
         self.time_ratio = {False: 1.0, True: 1.0}  # measured / predicted round seconds: (drafting?) -> ratio
         self.timed = {False: 0, True: 0}  # measured rounds per class
+        self._frozen = False
 
     def reset(self) -> None:
         """Forget every observation and the overhead so far (e.g. after an untimed warm-up)."""
@@ -205,6 +215,19 @@ class BlockSizeController:
         self.overhead_seconds += time.perf_counter() - t0
         return best
 
+    @contextlib.contextmanager
+    def frozen(self):
+        """Within the block the controller chooses as usual but learns nothing and counts no overhead: for untimed
+        warm-up generations, whose first calls run slow (allocations, kernel selection) and would otherwise teach it
+        that drafting costs up to 4x its price (a time ratio only updates when its class is chosen again, so one
+        such round kept the CPU default's GSM8K job at bs 1 for its first 63 rounds)."""
+        saved, self._frozen = self._frozen, True
+        spent = self.overhead_seconds
+        try:
+            yield self
+        finally:
+            self._frozen, self.overhead_seconds = saved, spent
+
     def observe_time(self, bs: int, concurrency: int, seconds: float, committed: float | None = None,
                      pending: float = 0.0) -> None:
         """Feed back one round's measured wall time (seconds) against the latency model's prediction for it.
@@ -216,7 +239,7 @@ class BlockSizeController:
             committed: tokens it committed per request (mean), the steady-state catch-up the model prices.
             pending: kept tokens per request its draft wrote first (a backlog after skipped rounds).
         """
-        if self.time_weight <= 0 or seconds <= 0:
+        if self.time_weight <= 0 or seconds <= 0 or self._frozen:
             return
         t0 = time.perf_counter()
         lat = self.latency
@@ -229,6 +252,8 @@ class BlockSizeController:
                 self.time_ratio[key] = self.time_ratio[not key] if self.timed[not key] else 1.0
             self.time_ratio[key] += self.time_weight * (ratio - self.time_ratio[key])
             self.timed[key] += 1
+            if self.timed[not key]:  # the class not chosen drifts towards this one until measured again
+                self.time_ratio[not key] += self.time_relax * (self.time_ratio[key] - self.time_ratio[not key])
         self.overhead_seconds += time.perf_counter() - t0
 
     def observe(self, drafted: int, accepted: int) -> None:
@@ -237,6 +262,8 @@ class BlockSizeController:
 
     def observe_batch(self, rounds: list[tuple[int, int]]) -> None:
         """Feed back one batch round: ``(drafted, accepted)`` per active request (decay once per round)."""
+        if self._frozen:
+            return
         t0 = time.perf_counter()
         self.tracker.update_batch(rounds)
         self.overhead_seconds += time.perf_counter() - t0

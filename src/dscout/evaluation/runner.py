@@ -13,6 +13,8 @@ Record schema (one JSON object per line): ``benchmark``, ``prompt_id``,
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import math
 import os
@@ -134,7 +136,9 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
         ids = chat_prompt_ids(tok, [{"role": "user", "content": "Hello"}], chat.get("system_prompt"),
                               chat.get("enable_thinking"))
         for m in methods:
-            m.engine.generate(ids, 8, block_size=m.max_block_size, temperature=temperature)
+            ctl = getattr(m.engine, "controller", None)  # the online controller learns nothing from it
+            with ctl.frozen() if ctl is not None else contextlib.nullcontext():
+                m.engine.generate(ids, 8, block_size=m.max_block_size, temperature=temperature)
     ar = next(m for m in methods if m.kind == "ar")
     others = [m for m in methods if m.kind != "ar"]
     bar = tqdm(prompts, desc=f"{benchmark} r{repeat} T={temperature}", unit="prompt", mininterval=5.0)

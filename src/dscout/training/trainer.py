@@ -72,6 +72,9 @@ class TrainConfig:
         dtype: ``float32`` (CPU) or ``bfloat16`` (GPU); must agree with the DeepSpeed JSON.
         init_from_target: initialise each drafter layer from a target layer (else random, as SpecForge).
         kind: ``dflash`` (DFlash/DScout recipes), ``eagle3`` or ``pard2`` (:mod:`dscout.training.methods`).
+        autocast: ``bfloat16``: the drafter's forward and loss run under ``torch.autocast`` in bfloat16 (weights,
+            gradients and the optimizer stay float32); on CPUs with AMX / AVX-512 BF16 matmuls this is faster
+            (docs/findings.md measures it), on others slower; None = plain ``dtype``.
         holdout: sequences never trained on (:func:`dscout.training.holdout.holdout_split`, seed 0), kept for
             held-out evaluation (the findings stage); 0 = train on all.
         options: kind-specific settings. DFlash/DScout: ``draft_vocab_size`` (None = the target's vocabulary),
@@ -102,6 +105,7 @@ class TrainConfig:
     kind: str = "dflash"
     options: dict = field(default_factory=dict)
     holdout: int = 0
+    autocast: str | None = None
 
     @classmethod
     def from_stage(cls, stage: dict, target_dtype, **overrides) -> "TrainConfig":
@@ -126,7 +130,8 @@ class TrainConfig:
             checkpoint_every=tr["checkpoint_every"],
             dtype="bfloat16" if target_dtype == torch.bfloat16 else "float32",
             init_from_target=bool(stage.get("init_from_target", False)), kind=stage.get("kind") or "dflash",
-            options=dict(stage.get("options") or {}), holdout=int(tr.get("holdout") or 0))
+            options=dict(stage.get("options") or {}), holdout=int(tr.get("holdout") or 0),
+            autocast=tr.get("autocast"))
         fields.update(overrides)
         return cls(**fields)
 
@@ -389,7 +394,8 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 ids = sample_indices(step, slot, slots, cfg.micro_batch_size, n, cfg.seed)
                 batch = source.batch(ids, dtype, device)
                 gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + slot)
-                loss, metrics = method.loss(model, batch, gen, target)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bfloat16"):
+                    loss, metrics = method.loss(model, batch, gen, target)
                 engine.backward(loss)  # DeepSpeed scales by 1 / gas and all-reduces (mean) at the boundary
                 engine.step()  # applies the update after the last micro-step only
                 # the log names sequences of the whole source (a held-out subset is renumbered inside)
