@@ -17,6 +17,12 @@ from .conftest import tiny_drafter, tiny_target
 from .test_engine import P_MIN, OracleProposer, _exact_joint
 
 
+def _decider(*args, baseline_round=False, **kwargs):
+    """The controller without its first-round baseline measurement: these tests check its decisions from given
+    statistics (test_the_first_round_measures_the_baseline checks the baseline round)."""
+    return BlockSizeController(*args, baseline_round=baseline_round, **kwargs)
+
+
 def cpu_like_latency(d=2):
     """Verify 60 ms + 2.5 ms per token and row, draft 4 ms + 0.3 ms per block token and layer: the CPU default's
     shape (verify dominates, a long block costs little more than a short one)."""
@@ -25,7 +31,7 @@ def cpu_like_latency(d=2):
 
 
 def test_tracker_counts_accepted_failed_and_censored_positions():
-    t = AcceptanceTracker(max_drafts=7, decay=1.0, prior_strength=1e-9)
+    t = AcceptanceTracker(max_drafts=7, decay=1.0, prior_strength=1e-9, long_decay=1.0)
     t.update(drafted=7, accepted=2)  # positions 1, 2 accepted, 3 rejected, 4..7 not reached
     assert t.trials == [1, 1, 1, 0, 0, 0, 0]
     assert t.successes == [1, 1, 0, 0, 0, 0, 0]
@@ -49,7 +55,7 @@ def test_tracker_decays_old_rounds():
 
 def test_choice_maximises_expected_tokens_per_second():
     lat = cpu_like_latency()
-    ctl = BlockSizeController(lat, max_block_size=32, prior_strength=1e-9)
+    ctl = _decider(lat, max_block_size=32, prior_strength=1e-9)
     for drafted, accepted in [(15, 5), (15, 2), (15, 9), (15, 0), (15, 4)]:
         ctl.observe(drafted, accepted)
     for c in (1, 8, 32):
@@ -61,8 +67,8 @@ def test_choice_maximises_expected_tokens_per_second():
 
 def test_high_acceptance_grows_the_block_and_low_acceptance_shrinks_it():
     lat = cpu_like_latency()
-    good = BlockSizeController(lat, 32)
-    bad = BlockSizeController(lat, 32)
+    good = _decider(lat, 32)
+    bad = _decider(lat, 32)
     for _ in range(20):
         good.observe(good.choose() - 1, 31)
         b = bad.choose()
@@ -70,7 +76,7 @@ def test_high_acceptance_grows_the_block_and_low_acceptance_shrinks_it():
     assert good.choose() >= 16
     assert bad.choose() <= 2
     # at high concurrency verify grows with c*bs: the same acceptance asks for shorter blocks
-    mid = BlockSizeController(lat, 32, prior_strength=1e-9)
+    mid = _decider(lat, 32, prior_strength=1e-9)
     for _ in range(20):
         mid.observe(15, 3)
     assert mid.choose(32) <= mid.choose(1)
@@ -84,7 +90,7 @@ def test_greedy_output_equals_ar_with_the_controller(flip, target):
     for i in range(5):
         prompt = torch.randint(1, 63, (9,), generator=g).tolist()
         a = ar.generate(prompt, 60)
-        ctl = BlockSizeController(cpu_like_latency(), 32)
+        ctl = _decider(cpu_like_latency(), 32)
         spec = SpeculativeEngine(target, OracleProposer(prompt + a.output_ids, 64, flip, seed=i), controller=ctl)
         s = spec.generate(prompt, 60, block_size=32)
         assert s.output_ids == a.output_ids
@@ -101,7 +107,7 @@ def test_greedy_output_equals_ar_with_the_controller_and_a_block_diffusion_draft
     d = tiny_drafter(target, layers=2, block_size=16)
     ar = SpeculativeEngine(target, stop_token_ids=[0])
     sd = SpeculativeEngine(target, BlockDiffusionProposer(d), stop_token_ids=[0],
-                           controller=BlockSizeController(cpu_like_latency(), 16, prior=0.9))
+                           controller=_decider(cpu_like_latency(), 16, prior=0.9))
     g = torch.Generator().manual_seed(5)
     for _ in range(6):
         prompt = torch.randint(1, 63, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
@@ -114,7 +120,7 @@ def test_sampling_with_the_controller_preserves_the_target_distribution():
     d = tiny_drafter(t, layers=1, block_size=8, mask_token_id=7)
     prompt = [1, 2, 3]
     exact = _exact_joint(t, prompt, 4, 1.0)
-    eng = SpeculativeEngine(t, BlockDiffusionProposer(d), controller=BlockSizeController(cpu_like_latency(1), 8,
+    eng = SpeculativeEngine(t, BlockDiffusionProposer(d), controller=_decider(cpu_like_latency(1), 8,
                                                                                          prior=0.7))
     N = 2000
     outs, sizes = [], set()
@@ -137,7 +143,7 @@ def test_batched_engine_with_the_controller_keeps_every_request_exact(target):
     ar = SpeculativeEngine(target, stop_token_ids=[0])
     refs = {tuple(p): p + ar.generate(p, 30).output_ids for p in prompts}
     Replay.refs = refs
-    ctl = BlockSizeController(cpu_like_latency(), 16)
+    ctl = _decider(cpu_like_latency(), 16)
     batched = BatchedSpeculativeEngine(target, Replay, stop_token_ids=[0], controller=ctl)
     out = batched.generate(prompts, 30, block_size=16)
     for p, r in zip(prompts, out.results):
@@ -212,7 +218,7 @@ def test_catchup_backlog_is_priced_and_spread_over_the_tokens_left():
     """After skipped rounds the first draft writes the backlog: the controller pays it when enough tokens remain
     for drafting to earn it back, not near the end, and a backlog never changes the choice when it is small."""
     lat = dataclasses.replace(cpu_like_latency(), commit=[0.0, 0.002])  # 2 ms per kept token and request
-    ctl = BlockSizeController(lat, 16, prior_strength=1e-9)
+    ctl = _decider(lat, 16, prior_strength=1e-9)
     for _ in range(10):
         ctl.observe(7, 5)  # good acceptance: drafting pays in steady state
     steady = ctl.choose(4)
@@ -266,7 +272,7 @@ def test_calibration_context_is_the_jobs_typical_context():
 def test_rounds_without_drafts_forget_slowly_so_a_useless_drafter_is_rarely_probed(idle_decay, long_decay, most):
     """No draft is ever accepted (τ = 1): with the long-run counts fading slowly the controller probes in few
     rounds; with every count decaying by 0.9 on every round (the first controller) it probed far more often."""
-    ctl = BlockSizeController(cpu_like_latency(), max_block_size=16, idle_decay=idle_decay, long_decay=long_decay)
+    ctl = _decider(cpu_like_latency(), max_block_size=16, idle_decay=idle_decay, long_decay=long_decay)
     probes = 0
     for _ in range(200):
         b = ctl.choose(1)
@@ -284,7 +290,7 @@ def test_a_drafter_that_pays_on_average_resumes_after_a_bad_stretch():
     drafting: its long-run estimate still holds the drafter's usual rate, so it resumes within a few idle rounds
     (the previous controller, one time scale fading slowly while idle, stayed at bs 1: 127 of 127 rounds of a
     GSM8K repeat where bs 4 pays). If the rejections go on, the long-run estimate follows and probes thin out."""
-    ctl = BlockSizeController(cpu_like_latency(), max_block_size=8)
+    ctl = _decider(cpu_like_latency(), max_block_size=8)
     for i in range(100):
         ctl.observe(7, (0, 1, 0, 2)[i % 4])
     assert ctl.choose(1) > 1
@@ -308,7 +314,7 @@ def test_a_drafter_that_pays_on_average_resumes_after_a_bad_stretch():
 
 def test_measured_round_times_correct_an_underpriced_latency_model():
     lat = cpu_like_latency()
-    ctl = BlockSizeController(lat, max_block_size=16, prior_strength=1e-9, time_relax=0.0)  # the ratios alone
+    ctl = _decider(lat, max_block_size=16, prior_strength=1e-9, time_relax=0.0)  # the ratios alone
     for _ in range(30):
         ctl.observe(7, 3)
     b = ctl.choose(8)
@@ -320,7 +326,7 @@ def test_measured_round_times_correct_an_underpriced_latency_model():
         ctl.observe_time(1, 8, lat.round_seconds(1, 8))
     assert ctl.time_ratio[True] == pytest.approx(3.0, rel=0.05) and ctl.time_ratio[False] == pytest.approx(1.0, abs=0.01)
     assert ctl.choose(8) == 1
-    off = BlockSizeController(lat, max_block_size=16, prior_strength=1e-9, time_weight=0.0)
+    off = _decider(lat, max_block_size=16, prior_strength=1e-9, time_weight=0.0)
     for _ in range(30):
         off.observe(7, 3)
     off.observe_time(b, 8, 100.0)
@@ -332,7 +338,7 @@ def test_measured_round_times_correct_an_underpriced_latency_model():
 def test_a_class_without_measured_rounds_borrows_the_other_ratio():
     """Only bs 1 rounds measured, 2x slower than the model: drafting must not look 2x cheaper by comparison."""
     lat = cpu_like_latency()
-    ctl = BlockSizeController(lat, max_block_size=16, prior_strength=1e-9)
+    ctl = _decider(lat, max_block_size=16, prior_strength=1e-9)
     for _ in range(30):
         ctl.observe(0, 0)  # not drafting: no acceptance evidence beyond the prior
     before = ctl.choose(32)
@@ -345,7 +351,7 @@ def test_a_class_without_measured_rounds_borrows_the_other_ratio():
 def test_a_frozen_controller_chooses_but_learns_nothing():
     """Warm-up generations run frozen: a 4x slow first drafted round must not price drafting out."""
     lat = cpu_like_latency()
-    ctl = BlockSizeController(lat, max_block_size=8)
+    ctl = _decider(lat, max_block_size=8)
     before = (ctl.choose(1), list(ctl.tracker.trials), dict(ctl.time_ratio), ctl.overhead_seconds)
     with ctl.frozen():
         b = ctl.choose(1)
@@ -363,7 +369,7 @@ def test_a_class_not_chosen_drifts_back_so_drafting_is_tried_again():
     drift (time_relax 0) it is priced out for good."""
     lat = cpu_like_latency()
     for relax, again in ((0.01, True), (0.0, False)):
-        ctl = BlockSizeController(lat, max_block_size=8, prior_strength=1e-9, time_relax=relax)
+        ctl = _decider(lat, max_block_size=8, prior_strength=1e-9, time_relax=relax)
         for i in range(40):
             ctl.observe(7, (0, 1, 0, 2)[i % 4])
         b = ctl.choose(1)
@@ -377,3 +383,42 @@ def test_a_class_not_chosen_drifts_back_so_drafting_is_tried_again():
             ctl.observe_time(1, 1, lat.round_seconds(1, 1))
             rounds += 1
         assert (rounds < 400) == again, rounds
+
+
+def test_a_rarely_reached_position_takes_its_long_run_rate_not_the_first_positions():
+    """Acceptance in runs: the first draft is accepted in 1 of 5 rounds, the second in 3 of 5 rounds that reach
+    it. After a stretch of first-draft rejections the recent a_2 must stay near the long-run 0.6, not fall to
+    the recent a_1."""
+    t = AcceptanceTracker(max_drafts=4)
+    for i in range(200):
+        first = i % 5 == 0
+        second = first and (i // 5) % 5 < 3
+        t.update(3, 0 if not first else (2 if second else 1))
+    for _ in range(10):
+        t.update(3, 0)
+    long, recent = t.long_rates(), t.rates()
+    assert long[1] == pytest.approx(0.6, abs=0.1) and long[0] < 0.2
+    assert recent[0] < 0.15 and recent[1] > 0.45
+
+
+def test_the_first_round_measures_the_baseline_and_a_first_measurement_sets_the_ratio():
+    """Good acceptance, but no round without drafts timed yet: the first round does not draft. Once it is
+    timed (1.2x the model) drafting starts; the first drafted round's ratio (2.7x the model) is taken as measured,
+    not averaged with a default, and drafting continues only if it still pays at those prices."""
+    lat = cpu_like_latency()
+    ctl = BlockSizeController(lat, max_block_size=8, prior_strength=1e-9)
+    for _ in range(20):
+        ctl.observe(7, 1)  # a_1 = 1, a_2 = 0: E[L(bs >= 3)] = 2
+    assert ctl.choose(8) == 1 and ctl.choose(8) == 1  # until a bs 1 round is timed
+    ctl.observe_time(1, 8, 1.2 * lat.round_seconds(1, 8))
+    assert ctl.time_ratio[False] == pytest.approx(1.2)
+    b = ctl.choose(8)
+    assert b > 1
+    slow = 2.7 * lat.round_seconds(b, 8, committed=2.0, pending=2.0)
+    ctl.observe_time(b, 8, slow, committed=2.0)
+    assert ctl.time_ratio[True] == pytest.approx(2.7, rel=0.01)
+    e = 2.0
+    pays = e / (lat.round_seconds(b, 8, committed=e) * 2.7) > 1 / (lat.round_seconds(1, 8) * 1.2)
+    assert (ctl.choose(8) > 1) == pays
+    assert BlockSizeController(lat, 8, time_weight=0.0).choose(8) > 1  # no feedback: no baseline round
+    assert BlockSizeController(lat, 8, candidates=[2, 4]).choose(8) in (2, 4)  # bs 1 not a candidate
