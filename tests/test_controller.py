@@ -422,3 +422,41 @@ def test_the_first_round_measures_the_baseline_and_a_first_measurement_sets_the_
     assert (ctl.choose(8) > 1) == pays
     assert BlockSizeController(lat, 8, time_weight=0.0).choose(8) > 1  # no feedback: no baseline round
     assert BlockSizeController(lat, 8, candidates=[2, 4]).choose(8) in (2, 4)  # bs 1 not a candidate
+
+
+class _CountingController(BlockSizeController):
+    """Records the bs of every observe_time call."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timed_rounds = []
+
+    def observe_time(self, bs, concurrency, seconds, committed=None, pending=0.0):
+        self.timed_rounds.append(bs)
+        super().observe_time(bs, concurrency, seconds, committed=committed, pending=pending)
+
+
+def test_both_engines_feed_back_every_round_but_the_first_of_a_generation(target):
+    """The first decode round after a prefill pays one-off costs (cache growth, first masks): its time would set a
+    class's ratio (Table 4 at c = 16: a 153 ms first round against ~102 ms AR rounds priced not drafting out).
+    Every later round is fed back, and the baseline round then falls on the second round."""
+    from .test_batched import Replay, _prompts
+
+    d = tiny_drafter(target, layers=2, block_size=8)
+    ctl = _CountingController(cpu_like_latency(), 8, prior=0.9)
+    eng = SpeculativeEngine(target, BlockDiffusionProposer(d), stop_token_ids=[0], controller=ctl)
+    r = eng.generate([5, 6, 7, 8], 20, block_size=8)
+    assert len(ctl.timed_rounds) == len(r.block_sizes) - 1 >= 2
+    assert r.block_sizes[:2] == [1, 1] and ctl.timed_rounds[0] == 1  # round 2 times the no-draft baseline
+    assert max(r.block_sizes) > 1  # then it drafts
+    r2 = eng.generate([9, 10, 11], 12, block_size=8)  # a second generation: its first round is skipped too
+    assert len(ctl.timed_rounds) == len(r.block_sizes) + len(r2.block_sizes) - 2
+
+    prompts = _prompts(4, 3)
+    ar = SpeculativeEngine(target, stop_token_ids=[0])
+    Replay.refs = {tuple(p): p + ar.generate(p, 20).output_ids for p in prompts}
+    ctl = _CountingController(cpu_like_latency(), 8, prior=0.9)
+    out = BatchedSpeculativeEngine(target, Replay, stop_token_ids=[0], controller=ctl).generate(prompts, 20,
+                                                                                               block_size=8)
+    assert len(ctl.timed_rounds) == len(out.block_sizes) - 1 >= 2
+    assert out.block_sizes[:2] == [1, 1]

@@ -142,6 +142,7 @@ class BatchedSpeculativeEngine:
         batch = BatchResult(results=results, prefill_seconds=t1 - t0)
         keys = valid  # [B, S]: which cache slots hold committed tokens
         spent = self.controller.overhead_seconds if self.controller is not None else 0.0
+        first_round = True  # its time is not fed back: the first decode after a prefill pays one-off costs
         while any(active):
             ta = time.perf_counter()
             bs_round = bs
@@ -221,10 +222,11 @@ class BatchedSpeculativeEngine:
             if self.controller is not None:
                 self.controller.observe_batch(observed)
             td = time.perf_counter()
-            if self.controller is not None and observed:  # the measured round against the latency model
+            if self.controller is not None and observed and not first_round:  # measured round vs latency model
                 self.controller.observe_time(max(ks) + 1, len(observed), td - ta,
                                              committed=sum(n + 1 for _, n in observed) / len(observed),
                                              pending=catchup)
+            first_round = False
             batch.draft_seconds.append((tb - ta) + (td - tc))
             batch.verify_seconds.append(tc - tb)
         batch.decode_seconds = time.perf_counter() - t1

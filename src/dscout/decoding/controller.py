@@ -157,7 +157,9 @@ class BlockSizeController:
         baseline_round: with time feedback on, the first round (until a round without drafts has been timed) does
             not draft: it measures the baseline the drafted rounds' measured times are compared with. Without it a
             drafting class measured alone lends its ratio to not drafting, and the comparison the feedback exists
-            for is not made (Table 4 at c = 16: drafted in 92 % of the second batch's rounds at 0.69x AR).
+            for is not made (Table 4 at c = 16: drafted in 92 % of the second batch's rounds at 0.69x AR). The
+            engines feed back no time for the first round of a generation (one-off costs after the prefill), so
+            the baseline is the first fed-back round.
     Attributes:
         overhead_seconds: wall seconds spent in :meth:`choose` and the feedback (the controller's cost per run).
     """

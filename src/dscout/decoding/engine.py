@@ -169,6 +169,7 @@ class SpeculativeEngine:
         position = n_prompt  # absolute position of x
         controller = self.controller if self.proposer is not None else None
         spent = controller.overhead_seconds if controller is not None else 0.0
+        first_round = True  # its time is not fed back: the first decode after a prefill pays one-off costs
         while len(res.output_ids) < max_new_tokens:
             remaining = max_new_tokens - len(res.output_ids)
             ta = time.perf_counter()
@@ -205,8 +206,9 @@ class SpeculativeEngine:
                 _sync(dev)
             td = time.perf_counter()
             n_acc = len(accepted)
-            if controller is not None:  # the measured round against the latency model (module doc of controller)
+            if controller is not None and not first_round:  # the measured round against the latency model
                 controller.observe_time(k + 1, 1, td - ta, committed=n_acc + 1, pending=pending)
+            first_round = False
             res.draft_seconds.append((tb - ta) + (td - tc))
             res.verify_seconds.append(tc - tb)
             emitted, stopped = commit_round(res.output_ids, (accepted + [bonus])[:remaining], self.stop_token_ids)
