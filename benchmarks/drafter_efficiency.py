@@ -216,8 +216,9 @@ def write_report(res: dict, out: Path) -> None:
              f"production trainer on {res['train_sequences']} sequences; {res['heldout_sequences']} sequences held "
              f"out, {res.get('evaluated_sequences', res['heldout_sequences'])} of them evaluated with every "
              "response position anchoring a fully masked block of 16. τ(bs) = 1 + mean "
-             "longest correct prefix (greedy). The held-out sequences are the last of the responses file, i.e. "
-             "its last source (Code-Alpaca in the CPU default), the 6 training sequences its first (GSM8K): "
+             "longest correct prefix (greedy). The held-out sequences are the last of the responses file, which "
+             "is ordered by prompt length (generation batches): the longest prompts, GSM8K-train word problems in "
+             "the CPU default; the 6 training sequences its first (short Alpaca instructions): "
              "compare variants within a column, not the two columns.", "",
              "| variant | levers | steps | s/step | train s | acc@1 | acc@2 | acc@4 | acc@8 | acc@15 | τ(4) | τ(8) | τ(16) |"
              " τ(16) on 6 training sequences |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -27,7 +27,7 @@ def test_holdout_split_is_a_seeded_draw_over_the_whole_mix():
     train, held = holdout_split(200, 30)
     assert len(held) == 30 and sorted(set(train) | set(held)) == list(range(200)) and not set(train) & set(held)
     assert held == holdout_split(200, 30)[1] and held != holdout_split(200, 30, seed=1)[1]
-    assert min(held) < 100 < max(held)  # not the last rows (the responses are ordered by source)
+    assert min(held) < 100 < max(held)  # not the last rows (the file is ordered by prompt length)
     assert holdout_split(5, 0) == (list(range(5)), [])
     with pytest.raises(ValueError, match="holdout 5"):
         holdout_split(5, 5)
@@ -171,6 +171,7 @@ def test_renders_write_every_artifact(tmp_path):
     stage = {**STAGE, "target_name": "t", "shape": "5t2d", "max_steps": 9, "holdout": 4,
              "benchmarks": {"names": ["gsm8k"], "num_prompts": 2, "max_new_tokens": 9}}
     table = fa.write_findings([path], str(tmp_path / "tables/findings"), stage)
+    assert "by source" not in (tmp_path / "tables/findings.md").read_text()  # these rows name no source
     csv_rows = (tmp_path / "tables/findings.csv").read_text().splitlines()
     assert csv_rows[0].split(",")[:6] == ["finding", "paper", "estimate", "ci_low", "ci_high", "verdict"]
     assert len(csv_rows) == 1 + len(fa.FINDINGS) == 1 + len(table)
@@ -180,3 +181,20 @@ def test_renders_write_every_artifact(tmp_path):
     for which in ("fig2", "fig4", "fig7"):
         fa.WRITERS[which]([path], str(tmp_path / f"figures/{which}"), stage)
         assert (tmp_path / f"figures/{which}.png").stat().st_size > 0
+
+
+def test_the_held_out_measures_split_by_source():
+    """A mix whose sources differ: each source's line carries its own responses, anchors and interval."""
+    rows = _rows({"step4_awl": 3.0, "dflash": 2.0}, n_prompts=20)
+    easy = {f"heldout-{p}" for p in range(10)}
+    for r in rows:
+        if r.get("set") == "heldout":
+            r["source"] = "easy" if r["id"] in easy else "hard"
+            if r["source"] == "hard":
+                r["accept"] = [1] * len(r["accept"])
+    lines = fa._by_source_lines(rows, STAGE)
+    body = {l.split(" | ")[0].strip("| "): l.split(" | ") for l in lines if l.startswith("| easy") or
+            l.startswith("| hard")}
+    assert body["easy"][1] == body["hard"][1] == "10"
+    assert body["hard"][3].startswith("1.00 [1.00, 1.00] / 1.00")
+    assert float(body["easy"][3].split()[0]) > 2.5 and float(body["easy"][4].split()[0]) > 1.6

@@ -6,7 +6,8 @@ from __future__ import annotations
 def holdout_split(n: int, count: int, seed: int = 0) -> tuple[list[int], list[int]]:
     """Split ``n`` training sequences into trained and held-out indices (a seeded draw, not the last rows).
 
-    The responses are ordered by source (GSM8K first, code last), so held-out rows are drawn uniformly with
+    The responses file is ordered by prompt length (its generation batches), which groups the sources (the
+    longest prompts are GSM8K-train word problems), so held-out rows are drawn uniformly with
     ``random.Random(seed)``: the held-out set is a sample of the whole training mix. The trainer
     (``training.holdout``) and the findings evaluation (:mod:`dscout.experiments.findings`) call this one
     function, so they agree on the split.
