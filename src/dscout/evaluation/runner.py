@@ -1,7 +1,7 @@
 """Benchmark runner: prompts -> raw per-(prompt, turn, run) records, every method through the one engine.
 
-AR and every speculative method are run side by side, prompt by prompt, in one process (the order of methods
-rotates from prompt to prompt), so slow drift of a shared CPU hits all methods alike; speedups are then
+AR and every speculative method are run side by side, prompt by prompt, in one process (the order of methods,
+AR included, rotates from prompt to prompt), so slow drift of a shared CPU hits all methods alike; speedups are then
 computed from these records only (:mod:`dscout.analysis.aggregate`).
 
 Record schema (one JSON object per line): ``benchmark``, ``prompt_id``,
@@ -111,7 +111,9 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
                   max_new_tokens: int, temperature: float, repeat: int, chat: dict, near_tie_epsilon: float,
                   score_outputs: bool = True, execute_code: bool = False, warmup: bool = True,
                   runtime: str = "transformers", prefill_store: dict | None = None) -> dict[str, list[dict]]:
-    """Run every method on every prompt (and turn), AR first for reference; return records per method key.
+    """Run every method on every prompt (and turn), in an order that rotates through all of them (AR included)
+    from prompt to prompt and from repeat to repeat; greedy outputs are judged against AR's once the turn has run. Returns records per
+    method key.
 
     Args:
         target: the :class:`~dscout.models.target.TargetModel`.
@@ -143,10 +145,13 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
     others = [m for m in methods if m.kind != "ar"]
     bar = tqdm(prompts, desc=f"{benchmark} r{repeat} T={temperature}", unit="prompt", mininterval=5.0)
     for pi, item in enumerate(bar):
-        order = [ar] + others[pi % len(others):] + others[:pi % len(others)] if others else [ar]
+        # AR rotates too (a method always run first meets the machine fresher), and by repeat as well as by prompt
+        # (a benchmark of one prompt would otherwise keep one order)
+        everyone, shift = [ar] + others, (pi + repeat) % (1 + len(others))
+        order = everyone[shift:] + everyone[:shift]
         history = {m.key: [] for m in methods}  # each method continues its own conversation
         for turn, user_text in enumerate(item.turns):
-            ar_out = None
+            ar_out, turn_records = None, []
             for m in order:
                 msgs = history[m.key] + [{"role": "user", "content": user_text}]
                 ids = chat_prompt_ids(tok, msgs, chat.get("system_prompt"), chat.get("enable_thinking"))
@@ -167,15 +172,19 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
                     first_mismatch=None, top2_logit_gap=None, **online)
                 if m.kind == "ar":
                     ar_out = r.output_ids
-                elif temperature == 0:
-                    rec["matches_ar"] = r.output_ids == ar_out
-                    if not rec["matches_ar"]:
-                        rec["near_tie"], rec["first_mismatch"], rec["top2_logit_gap"] = near_tie(
-                            target, ids, ar_out, r.output_ids, near_tie_epsilon)
                 if score_outputs and turn == len(item.turns) - 1:
                     rec["correct"] = score(benchmark, text, item.reference, execute_code)
                 records[m.key].append(rec)
+                turn_records.append((m, ids, rec))
                 history[m.key] = msgs + [{"role": "assistant", "content": text}]
+            if temperature == 0:  # every method of the turn against AR's output, once all have run
+                for m, ids, rec in turn_records:
+                    if m.kind == "ar":
+                        continue
+                    rec["matches_ar"] = rec["output_ids"] == ar_out
+                    if not rec["matches_ar"]:
+                        rec["near_tie"], rec["first_mismatch"], rec["top2_logit_gap"] = near_tie(
+                            target, ids, ar_out, rec["output_ids"], near_tie_epsilon)
     return records
 
 
