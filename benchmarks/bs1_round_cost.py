@@ -8,6 +8,7 @@ the machine hits all alike:
                 commit, controller and time feedback, never a draft;
   online        DScout(online) as Table 3 runs it;
   bs4           DScout at fixed bs 4.
+And the batched engine at each ``--concurrency``: AR against a controller that may only choose bs 1.
 Per engine: ms per token (median over passes) and each pass's ratio to AR's in the same pass (median [min, max]).
 
     python benchmarks/bs1_round_cost.py --target results/target/<id> --drafter results/drafters/<dscout id> \
@@ -33,6 +34,9 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--passes", type=int, default=6)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--concurrency", default="16",
+                   help="batched engine: AR against a bs-1-only controller at these c (comma list; '' = none)")
+    p.add_argument("--batch-new-tokens", type=int, default=16)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
 
@@ -42,7 +46,9 @@ def main(argv=None):
     from dscout.data.benchmarks import stage_prompts
     from dscout.data.paths import data_root
     from dscout.data.prompts import chat_prompt_ids
+    from dscout.decoding.batched import BatchedSpeculativeEngine
     from dscout.decoding.controller import BlockSizeController
+    from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.decoding.engine import SpeculativeEngine
     from dscout.evaluation.methods import build_methods
 
@@ -102,13 +108,36 @@ def main(argv=None):
         lines.append(f"| {n} | {statistics.median(ms[n]):.1f} | {med:.3f} [{min(ratio[n]):.3f}, {max(ratio[n]):.3f}] |")
     lines += ["", f"DScout(online) chose bs 1 in {100 * statistics.mean(bs1_share):.0f} % of its rounds "
               f"(mean over generations)."]
+    batched = {}
+    for c in [int(x) for x in a.concurrency.split(",") if x]:
+        pool = [prompts[i % len(prompts)][1] for i in range(c)]
+        drafter = online.proposer.drafter
+        only1 = BlockSizeController(online.controller.latency, online.controller.max_block_size, candidates=[1])
+        pair = {"ar": BatchedSpeculativeEngine(target, None, stops),
+                "bs1_forced": BatchedSpeculativeEngine(target, lambda: BlockDiffusionProposer(drafter), stops,
+                                                       controller=only1)}
+        for eng in pair.values():
+            eng.generate([pool[0][:8]], 2, block_size=1)  # warm-up
+        sec = {n: [] for n in pair}
+        for k in range(a.passes):
+            for n in (list(pair) if k % 2 == 0 else list(pair)[::-1]):
+                out = pair[n].generate(pool, a.batch_new_tokens, block_size=1 if n == "ar" else 32)
+                sec[n].append(out.decode_seconds)
+            print(f"c = {c} pass {k}: " + ", ".join(f"{n} {sec[n][-1]:.2f} s" for n in pair), flush=True)
+        r = [x / y for x, y in zip(sec["ar"], sec["bs1_forced"])]
+        batched[c] = {"seconds": sec, "ratio_to_ar": r}
+        lines += ["", f"Batched engine, c = {c} ({a.batch_new_tokens} new tokens per request, {a.passes} passes "
+                  f"alternating): a batch of bs-1 rounds with the online machinery (taps kept, controller, time "
+                  f"feedback) against AR's: throughput / AR {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]; "
+                  f"batch seconds median AR {statistics.median(sec['ar']):.2f}, "
+                  f"bs-1-only {statistics.median(sec['bs1_forced']):.2f}."]
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(text)
         Path(a.out).with_suffix(".json").write_text(json.dumps({"ms_per_token": ms, "ratio_to_ar": ratio,
-                                                                "bs1_share": bs1_share}, indent=1))
+                                                                "bs1_share": bs1_share, "batched": batched}, indent=1))
 
 
 if __name__ == "__main__":
