@@ -266,7 +266,8 @@ def test_serving_repeats_rotate_the_methods_and_the_controller_keeps_its_statist
     assert all(r["output_ids"] == ar[(r["repeat"], r["prompt_id"])] for r in recs)
     online_rounds = sum(len(recs[i]["round_block_sizes"]) for i in range(0, len(recs), 3)
                         if recs[i]["method_key"] == "dscout-online")
-    assert sum(ctl.timed.values()) == online_rounds  # every repeat's rounds fed the same statistics
+    # every repeat's rounds fed the same statistics, but for the first round of each batch (one-off costs)
+    assert sum(ctl.timed.values()) == online_rounds - 3
     with pytest.raises(ValueError, match="repeats"):
         serving_records(target, factories, prompts, ["a", "b", "c"], 3, 9, sizes, [], repeats=0)
     row = table4_rows(recs)[0]
