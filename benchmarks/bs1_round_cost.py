@@ -37,6 +37,7 @@ def main(argv=None):
     p.add_argument("--concurrency", default="16",
                    help="batched engine: AR against a bs-1-only controller at these c (comma list; '' = none)")
     p.add_argument("--batch-new-tokens", type=int, default=16)
+    p.add_argument("--skip-single", action="store_true", help="only the batched part (no c = 1 engines)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
 
@@ -83,7 +84,7 @@ def main(argv=None):
     ratio = {n: [] for n in engines}
     names = list(engines)
     bs1_share = []
-    for k in range(a.passes):
+    for k in range(0 if a.skip_single else a.passes):
         order = names if k % 2 == 0 else names[::-1]
         per = {n: [0.0, 0] for n in names}
         for _, ids in prompts:
@@ -98,16 +99,19 @@ def main(argv=None):
             ms[n].append(1000 * per[n][0] / per[n][1])
             ratio[n].append(ms["ar"][-1] / ms[n][-1])
         print(f"pass {k}: " + ", ".join(f"{n} {ms[n][-1]:.1f} ms/tok" for n in names), flush=True)
-    lines = ["# A round without drafts against an AR step (one process, interleaved)", "",
+    lines = ["# A round without drafts against an AR step (one process, interleaved)", ""]
+    if not a.skip_single:
+        lines += [
              f"Prompts: the first of {a.benchmarks} ({a.max_new_tokens} new tokens each, greedy), {a.passes} passes "
              f"in alternating order, {a.threads} threads, float32 with packed linears; target {a.target}, drafter "
              f"{a.drafter}. Throughput / AR's in the same pass: median [min, max].", "",
              "| engine | ms per token (median) | throughput / AR |", "|---|---|---|"]
-    for n in names:
-        med = statistics.median(ratio[n])
-        lines.append(f"| {n} | {statistics.median(ms[n]):.1f} | {med:.3f} [{min(ratio[n]):.3f}, {max(ratio[n]):.3f}] |")
-    lines += ["", f"DScout(online) chose bs 1 in {100 * statistics.mean(bs1_share):.0f} % of its rounds "
-              f"(mean over generations)."]
+        for n in names:
+            med = statistics.median(ratio[n])
+            lines.append(f"| {n} | {statistics.median(ms[n]):.1f} | {med:.3f} [{min(ratio[n]):.3f}, "
+                         f"{max(ratio[n]):.3f}] |")
+        lines += ["", f"DScout(online) chose bs 1 in {100 * statistics.mean(bs1_share):.0f} % of its rounds "
+                  f"(mean over generations)."]
     batched = {}
     for c in [int(x) for x in a.concurrency.split(",") if x]:
         pool = [prompts[i % len(prompts)][1] for i in range(c)]
@@ -117,20 +121,29 @@ def main(argv=None):
                 "bs1_forced": BatchedSpeculativeEngine(target, lambda: BlockDiffusionProposer(drafter), stops,
                                                        controller=only1)}
         for eng in pair.values():
-            eng.generate([pool[0][:8]], 2, block_size=1)  # warm-up
+            eng.generate(pool, 4, block_size=1)  # warm-up at the batch's own shape (allocator, oneDNN kernels)
         sec = {n: [] for n in pair}
+        split = {n: {"verify": [], "other": [], "first_round": []} for n in pair}  # seconds per batch
         for k in range(a.passes):
             for n in (list(pair) if k % 2 == 0 else list(pair)[::-1]):
                 out = pair[n].generate(pool, a.batch_new_tokens, block_size=1 if n == "ar" else 32)
                 sec[n].append(out.decode_seconds)
-            print(f"c = {c} pass {k}: " + ", ".join(f"{n} {sec[n][-1]:.2f} s" for n in pair), flush=True)
+                split[n]["first_round"].append(out.verify_seconds[0] + out.draft_seconds[0])
+                split[n]["verify"].append(sum(out.verify_seconds[1:]))
+                split[n]["other"].append(sum(out.draft_seconds[1:]))
+            print(f"c = {c} pass {k}: " + ", ".join(
+                f"{n} {sec[n][-1]:.2f} s (first round {split[n]['first_round'][-1]:.3f}, later verify "
+                f"{split[n]['verify'][-1]:.3f}, later rest {split[n]['other'][-1]:.3f})" for n in pair), flush=True)
         r = [x / y for x, y in zip(sec["ar"], sec["bs1_forced"])]
-        batched[c] = {"seconds": sec, "ratio_to_ar": r}
+        batched[c] = {"seconds": sec, "ratio_to_ar": r, "split": split}
         lines += ["", f"Batched engine, c = {c} ({a.batch_new_tokens} new tokens per request, {a.passes} passes "
                   f"alternating): a batch of bs-1 rounds with the online machinery (taps kept, controller, time "
                   f"feedback) against AR's: throughput / AR {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]; "
                   f"batch seconds median AR {statistics.median(sec['ar']):.2f}, "
-                  f"bs-1-only {statistics.median(sec['bs1_forced']):.2f}."]
+                  f"bs-1-only {statistics.median(sec['bs1_forced']):.2f}. Split (median seconds per batch): "
+                  + "; ".join(f"{n}: first round {statistics.median(split[n]['first_round']):.3f}, later rounds' "
+                              f"verify {statistics.median(split[n]['verify']):.3f}, later rounds' rest "
+                              f"{statistics.median(split[n]['other']):.3f}" for n in pair) + "."]
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

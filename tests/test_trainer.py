@@ -165,3 +165,22 @@ def _check_fc_init(t, cache):
     method.build(t)
     with pytest.raises(ValueError, match="fc_init"):
         method.prepare(FeatureCache(cache, [1, 3]), t)
+
+
+def test_bfloat16_autocast_trains_with_float32_weights(setup, tmp_path):
+    """``training.autocast: bfloat16``: the loss is computed in bfloat16 (it differs from the float32 run's at the
+    same step, by rounding only), the drafter still learns, and what is saved stays float32 (weights, gradients and
+    optimizer are never cast). A flag that did not reach ``torch.autocast`` gives identical losses and fails here."""
+    t, _, cache = setup
+    kw = dict(recipe="dflash", max_steps=60, checkpoint_every=0, lr=5e-3)
+    ref = train_drafter(t, _cfg(**kw), tmp_path / "f32", tmp_path / "w32", feature_cache=cache)
+    out = train_drafter(t, _cfg(**kw, autocast="bfloat16"), tmp_path / "bf16", tmp_path / "wbf", feature_cache=cache)
+    la, lb = _log(ref / "train_log.jsonl"), _log(out / "train_log.jsonl")
+    assert [r["sample_ids"] for r in la] == [r["sample_ids"] for r in lb]  # same data, same order
+    assert la[0]["loss"] != lb[0]["loss"]  # bfloat16 matmuls round differently ...
+    assert abs(la[0]["loss"] - lb[0]["loss"]) < 0.05 * la[0]["loss"]  # ... but compute the same loss
+    first = sum(r["loss"] for r in lb[:10]) / 10
+    last = sum(r["loss"] for r in lb[-10:]) / 10
+    assert last < first * 0.9, (first, last)
+    drafter = load_dflash_checkpoint(out)
+    assert {p.dtype for p in drafter.parameters()} == {torch.float32}

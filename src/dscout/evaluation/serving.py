@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tqdm import tqdm
+
 from ..decoding.batched import BatchedSpeculativeEngine
 from ..records import controller_fields, make_record
 
@@ -47,12 +49,17 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
     for key, (kind, drafter, factory) in proposer_factories.items():
         controller = (controllers or {}).get(key)
         engine = BatchedSpeculativeEngine(target, factory, stop_ids, controller=controller)
-        engine.generate([batch_prompts[0][:8]], 2, block_size=block_sizes.get(key, 1))  # warm-up
-        if controller is not None:  # the warm-up's round out of the statistics and the overhead
+        # warm-up, untimed, at the batch's own shapes (c rows, one round of the method's width): the first forward
+        # of a new shape pays oneDNN's kernel creation, and the target is shared, so a warm-up of one short row
+        # left those costs to whichever method's first timed batch ran first at this c
+        bs = block_sizes.get(key, 1)
+        engine.generate(batch_prompts, 1 + min(bs, 4), block_size=bs)
+        if controller is not None:  # the warm-up's rounds out of the statistics and the overhead
             controller.reset()
         engines[key] = engine
     keys = list(proposer_factories)
     records = []
+    bar = tqdm(total=repeats * len(keys), desc=f"serving c={concurrency}", unit="batch", mininterval=5.0)
     for r in range(repeats):
         for key in keys[r % len(keys):] + keys[: r % len(keys)]:
             kind, drafter, _ = proposer_factories[key]
@@ -70,6 +77,8 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
                     accept_lengths=res.accept_lengths, output_ids=res.output_ids, stop_reason=res.stop_reason,
                     runtime="batched", batch_decode_seconds=out.decode_seconds, batch_throughput=out.throughput,
                     **online))
+            bar.update()
+    bar.close()
     return records
 
 
