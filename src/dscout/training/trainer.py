@@ -73,8 +73,9 @@ class TrainConfig:
         init_from_target: initialise each drafter layer from a target layer (else random, as SpecForge).
         kind: ``dflash`` (DFlash/DScout recipes), ``eagle3`` or ``pard2`` (:mod:`dscout.training.methods`).
         autocast: ``bfloat16``: the drafter's forward and loss run under ``torch.autocast`` in bfloat16 (weights,
-            gradients and the optimizer stay float32); on CPUs with AMX / AVX-512 BF16 matmuls this is faster
-            (docs/findings.md measures it), on others slower; None = plain ``dtype``.
+            gradients and the optimizer stay float32); meant for CPUs with bfloat16 matmul units (AMX, AVX-512
+            BF16), not timed on this project's hosts (tests/test_trainer.py checks that it reaches the loss and
+            keeps float32 weights); None = plain ``dtype``.
         holdout: sequences never trained on (:func:`dscout.training.holdout.holdout_split`, seed 0), kept for
             held-out evaluation (the findings stage); 0 = train on all.
         options: kind-specific settings. DFlash/DScout: ``draft_vocab_size`` (None = the target's vocabulary),
