@@ -49,11 +49,11 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
     for key, (kind, drafter, factory) in proposer_factories.items():
         controller = (controllers or {}).get(key)
         engine = BatchedSpeculativeEngine(target, factory, stop_ids, controller=controller)
-        # warm-up, untimed, at the batch's own shapes (c rows, one round of the method's width): the first forward
-        # of a new shape pays oneDNN's kernel creation, and the target is shared, so a warm-up of one short row
-        # left those costs to whichever method's first timed batch ran first at this c
+        # warm-up, untimed, at the batch's own shapes (c rows; a fixed bs gets one round of its full width): the
+        # first forward of a new shape pays oneDNN's kernel creation, and the target is shared, so a warm-up of one
+        # short row left those costs to whichever method's first timed batch ran first at this c
         bs = block_sizes.get(key, 1)
-        engine.generate(batch_prompts, 1 + min(bs, 4), block_size=bs)
+        engine.generate(batch_prompts, 1 + (min(bs, 4) if controller is not None else bs), block_size=bs)
         if controller is not None:  # the warm-up's rounds out of the statistics and the overhead
             controller.reset()
         engines[key] = engine
