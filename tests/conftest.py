@@ -13,6 +13,43 @@ from tests.workflow import copy_project, import_guard_env, snakemake
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)  # tiny models: threading costs more than it gives
 
+# The suite runs on two pytest-xdist workers (pyproject: -n 2). A session or module fixture is set up once per worker
+# that runs a test needing it, so the modules whose tests reach one of the end-to-end runs share a worker: the smoke
+# DAG and what copies or compares with it (its artifacts extension and the findings stage, the two-rank trainings,
+# the SLURM run, the full-vocabulary drafters) on one, the paper_mini DAG on the other, and the unit tests, one
+# test at a time, fill in around them. (xdist's own `--dist loadgroup` cannot do this with pytest 9: it renames
+# nodeids through an attribute pytest 9 no longer reads, so every test became its own group.)
+END_TO_END_GROUPS = {"test_pipeline.py": "smoke", "test_distributed_training.py": "smoke", "test_slurm.py": "smoke",
+                     "test_upstream.py": "smoke", "test_paper_mini.py": "paper_mini"}
+HEAVY_FIXTURES = {"smoke_run": "smoke", "slurm_run": "smoke", "local_slurm": "smoke", "runs": "smoke",
+                  "full_vocab_run": "smoke", "smoke_artifacts_run": "smoke", "paper_mini_run": "paper_mini"}
+
+
+def end_to_end_group(nodeid: str) -> str:
+    """The xdist work unit of a test: its module's end-to-end group, else the test alone."""
+    return END_TO_END_GROUPS.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1], nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EndToEndGroups(LoadScopeScheduling):
+        """Work units as :func:`end_to_end_group`; the largest first (xdist's loadscope reorder)."""
+
+        def _split_scope(self, nodeid):
+            return end_to_end_group(nodeid)
+
+    return EndToEndGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test outside the grouped modules that needs an end-to-end run would repeat it on the other worker."""
+    for item in items:
+        for name in getattr(item, "fixturenames", ()):
+            if name in HEAVY_FIXTURES and end_to_end_group(item.nodeid) != HEAVY_FIXTURES[name]:
+                raise pytest.UsageError(f"{item.nodeid} needs fixture {name} of the {HEAVY_FIXTURES[name]!r} "
+                                        "end-to-end group: list its module in tests/conftest.py END_TO_END_GROUPS")
+
 
 def tiny_llama_config(vocab=64, layers=4, init=0.2, **kw) -> LlamaConfig:
     return LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,

@@ -71,6 +71,21 @@ def test_mini_changes_sizes_not_kinds():
     assert (paper["responses"]["backend"], paper["serving"]["backend"]) == ("sglang", "sglang")
 
 
+def test_paper_preset_samples_on_the_paper_budget():
+    """Table 3's temperature-1 rows of the paper preset generate as many tokens as its greedy rows: the CPU
+    default's shorter sampled budget (config.yaml) must not leak into it through the merge (it did: 64 tokens
+    per turn against 2048, and the mini run's sampled cells took 40 s each of its 300)."""
+    for presets in (PRESETS[:2], PRESETS):
+        cfg = dcfg.load_config(*presets)
+        L = cfg["target"]["num_layers"]
+        greedy = dcfg.bench_stage(cfg, L)["benchmarks"]["max_new_tokens"]
+        assert dcfg.sampled_bench_stage(cfg, L)["benchmarks"]["max_new_tokens"] == greedy
+    assert dcfg.load_config(*PRESETS[:2])["benchmarks"]["max_new_tokens"] == 2048
+    cpu = dcfg.load_config(PRESETS[0])  # the CPU default keeps its shorter sampled budget
+    assert dcfg.sampled_bench_stage(cpu, 30)["benchmarks"]["max_new_tokens"] != \
+        dcfg.bench_stage(cpu, 30)["benchmarks"]["max_new_tokens"]
+
+
 @needs_qwen3
 def test_tiny_qwen3_target_has_qwen3s_traits(tmp_path):
     from transformers import Qwen3ForCausalLM

@@ -133,6 +133,6 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, co
     return BlockSizeController(latency, horizon, decay=settings.get("decay", 0.9),
                                prior_strength=settings.get("prior_strength", 2.0), prior=settings.get("prior", 0.5),
                                catchup_horizon=settings.get("catchup_horizon", 64),
-                               long_decay=settings.get("long_decay", 0.99), idle_decay=settings.get("idle_decay", 0.995),
+                               long_decay=settings.get("long_decay", 0.99), idle_decay=settings.get("idle_decay", 0.998),
                                time_weight=settings.get("time_weight", 0.1),
-                               time_relax=settings.get("time_relax", 0.01))
+                               time_relax=settings.get("time_relax", 0.003))

@@ -1,0 +1,136 @@
+"""The online controller on simulated rounds: what its exploration costs where drafting never pays, and what its
+time-feedback settings trade against each other. No timing: seeded, deterministic, seconds to run.
+
+Real Table 3 cells on the 2-core CPU carry ±5–25 % of machine noise per repeat, so a setting that moves the result
+by 1 % cannot be chosen from them. Here the real :class:`~dscout.decoding.controller.BlockSizeController` decides
+every round of a simulated job of ``--rounds`` rounds (about three repeats of a Table 3 cell) and is fed back:
+- accepted drafts from a chain with a first-draft acceptance ``a1`` and later ones ``a`` (acceptance comes in
+  runs, as measured);
+- a round time in units of one bs-1 round: the calibration prices a bs round at ``1 + 0.03 bs`` (the CPU
+  default's start-up calibration: bs 2 1.06x, bs 4 1.12x a bs-1 verify), a real drafted round costs ``extra`` times
+  that (measured 1.2–1.8x on this CPU, docs/online_controller.md), each round times a log-normal noise of
+  mean 1 (``--noise``), optionally times a load burst (both classes, or drafted rounds only).
+Tokens per unit time are reported against AR (a bs-1 round = 1 token per unit) and against the best fixed bs,
+as the median over ``--seeds`` jobs.
+
+    python benchmarks/controller_simulation.py --out benchmarks/controller_simulation/report.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from dscout.decoding.controller import BlockSizeController  # noqa: E402
+
+SCENARIOS = {  # name: (a1, a, extra)
+    "never pays (a1 0.05)": (0.05, 0.3, 1.45),
+    "rarely (a1 0.15)": (0.15, 0.4, 1.4),
+    "pays (a1 0.55, a 0.6)": (0.55, 0.6, 1.3),
+}
+BURSTS = {
+    "pays + load 2.5x on all rounds 10-50": lambda r, bs: 2.5 if 10 <= r < 50 else 1.0,
+    "pays + drafted rounds 3x 5-15": lambda r, bs: 3.0 if 5 <= r < 15 and bs > 1 else 1.0,
+}
+SETTINGS = {
+    "time_relax 0.01, idle_decay 0.995 (the defaults until 2026-12-04)": {"time_relax": 0.01, "idle_decay": 0.995},
+    "time_relax 0.003, idle_decay 0.995": {"time_relax": 0.003, "idle_decay": 0.995},
+    "time_relax 0.003, idle_decay 0.998 (the defaults)": {},
+    "time_relax 0 (no drift back), idle_decay 0.998": {"time_relax": 0.0},
+}
+
+
+class CalibratedUnits:
+    """A latency model in units of one bs-1 round: a bs round is priced ``1 + slope * bs`` (drafted) or 1."""
+
+    def __init__(self, slope: float = 0.03):
+        self.slope = slope
+
+    def round_seconds(self, bs, c, committed=None, pending=None):
+        return 1.0 if bs == 1 else 1.0 + self.slope * bs
+
+    def commit_seconds(self, m, c):
+        return 0.001 * m
+
+
+def accepted(k: int, a1: float, a: float, rng: random.Random) -> int:
+    """Drafts accepted of ``k``: the first with probability ``a1``, each later one (after an accept) ``a``."""
+    n = 0
+    while n < k and rng.random() < (a1 if n == 0 else a):
+        n += 1
+    return n
+
+
+def true_cost(bs: int, extra: float) -> float:
+    return 1.0 if bs == 1 else (1.0 + 0.03 * bs) * extra
+
+
+def simulate(a1, a, extra, seed, rounds, noise, burst=None, max_bs=8, **settings):
+    """One job: (tokens per unit time, drafted rounds)."""
+    rng = random.Random(seed)
+    ctl = BlockSizeController(CalibratedUnits(), max_block_size=max_bs, **settings)
+    tokens = spent = 0.0
+    drafted = 0
+    for r in range(rounds):
+        bs = ctl.choose(1)
+        n = accepted(bs - 1, a1, a, rng) if bs > 1 else 0
+        t = true_cost(bs, extra) * rng.lognormvariate(-noise * noise / 2, noise) * (burst(r, bs) if burst else 1.0)
+        ctl.observe(bs - 1, n)
+        ctl.observe_time(bs, 1, t, committed=n + 1.0)
+        tokens += n + 1
+        spent += t
+        drafted += bs > 1
+    return tokens / spent, drafted
+
+
+def best_fixed(a1, a, extra, rounds, seeds, max_bs=8):
+    def rate(bs):
+        out = []
+        for s in range(seeds):
+            rng = random.Random(s)
+            tok = sum(accepted(bs - 1, a1, a, rng) + 1 for _ in range(rounds))
+            out.append(tok / (rounds * true_cost(bs, extra)))
+        return statistics.median(out)
+    return max((rate(b), b) for b in range(1, max_bs + 1))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=380)
+    p.add_argument("--seeds", type=int, default=30)
+    p.add_argument("--noise", type=float, default=0.1, help="sigma of the log-normal round-time noise")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    cols = list(SCENARIOS) + list(BURSTS)
+    lines = [f"Simulated jobs of {args.rounds} rounds, median of {args.seeds} seeds, round-time noise "
+             f"sigma {args.noise}: DScout(online) tokens per unit time / AR (drafted rounds per job, mean).", "",
+             "| setting | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    best = {}
+    for name, (a1, a, extra) in SCENARIOS.items():
+        best[name] = best_fixed(a1, a, extra, args.rounds, args.seeds)
+    pays = SCENARIOS["pays (a1 0.55, a 0.6)"]
+    for label, settings in SETTINGS.items():
+        cells = []
+        for name, (a1, a, extra) in SCENARIOS.items():
+            runs = [simulate(a1, a, extra, s, args.rounds, args.noise, **settings) for s in range(args.seeds)]
+            cells.append(f"{statistics.median(r[0] for r in runs):.3f} ({statistics.mean(r[1] for r in runs):.0f})")
+        for burst in BURSTS.values():
+            runs = [simulate(*pays, s, args.rounds, args.noise, burst=burst, **settings) for s in range(args.seeds)]
+            cells.append(f"{statistics.median(r[0] for r in runs):.3f} ({statistics.mean(r[1] for r in runs):.0f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("| best fixed bs | " + " | ".join(f"{r:.3f} (bs {b})" for r, b in best.values())
+                 + " | – | – |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
