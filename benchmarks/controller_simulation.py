@@ -38,10 +38,11 @@ BURSTS = {
     "pays + drafted rounds 3x 5-15": lambda r, bs: 3.0 if 5 <= r < 15 and bs > 1 else 1.0,
 }
 SETTINGS = {
-    "time_relax 0.01, idle_decay 0.995 (the defaults until 2026-12-04)": {"time_relax": 0.01, "idle_decay": 0.995},
-    "time_relax 0.003, idle_decay 0.995": {"time_relax": 0.003, "idle_decay": 0.995},
-    "time_relax 0.003, idle_decay 0.998 (the defaults)": {},
-    "time_relax 0 (no drift back), idle_decay 0.998": {"time_relax": 0.0},
+    "time_relax 0.01, idle_decay 0.995, no clip (the defaults until 2026-12-04)":
+        {"time_relax": 0.01, "idle_decay": 0.995, "time_clip": None},
+    "time_relax 0.003, idle_decay 0.998, no clip": {"time_clip": None},
+    "time_relax 0.01, idle_decay 0.998, time_clip 1.1": {"time_relax": 0.01},
+    "time_relax 0.003, idle_decay 0.998, time_clip 1.1 (the defaults)": {},
 }
 
 

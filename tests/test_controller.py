@@ -460,3 +460,28 @@ def test_both_engines_feed_back_every_round_but_the_first_of_a_generation(target
                                                                                                block_size=8)
     assert len(ctl.timed_rounds) == len(out.block_sizes) - 1 >= 2
     assert out.block_sizes[:2] == [1, 1]
+
+
+def test_a_stretch_of_slow_rounds_moves_the_time_ratio_by_a_bounded_step():
+    """Load spikes: five drafted rounds at 1.4x the model among rounds at 1.0x. Clipped (the default 1.1), the
+    drafted class's ratio rises by at most ~1 % per round and drafting continues where it pays by ~9 %;
+    unclipped, the same rounds raise it to ~1.16 and price drafting out (the CPU default's GSM8K job: 73 and 115
+    of a repeat's rounds at bs 1 where bs 4 beat AR by 16 %). A lasting change is still followed."""
+    lat = cpu_like_latency()
+    for clip, keeps_drafting in ((1.1, True), (None, False)):
+        ctl = _decider(lat, max_block_size=4, prior_strength=1e-9, time_clip=clip, candidates=[1, 4])
+        for i in range(60):
+            ctl.observe(3, 0 if i % 3 else 1)  # a_1 = 1/3, a_2 = 0: E[L(4)] = 1.33, bs 4 priced 1.22x a bs-1 round
+        e = 4 / 3
+        ctl.observe_time(1, 1, lat.round_seconds(1, 1))
+        for _ in range(10):
+            ctl.observe_time(4, 1, lat.round_seconds(4, 1, committed=e, pending=e), committed=e)
+        assert ctl.choose(1) == 4
+        for _ in range(5):  # the stretch of slow drafted rounds
+            ctl.observe_time(4, 1, 1.4 * lat.round_seconds(4, 1, committed=e, pending=e), committed=e)
+        assert (ctl.time_ratio[True] <= 1.06) == (clip is not None)
+        assert (ctl.choose(1) == 4) == keeps_drafting
+    ctl = _decider(lat, max_block_size=4, time_clip=1.1)
+    for _ in range(80):  # a lasting 1.5x: followed within tens of rounds
+        ctl.observe_time(4, 1, 1.5 * lat.round_seconds(4, 1, committed=1.0, pending=1.0), committed=1.0)
+    assert ctl.time_ratio[True] == pytest.approx(1.5, rel=0.02)

@@ -114,7 +114,7 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, co
         proposer: a :class:`~dscout.decoding.proposers.BlockDiffusionProposer`; bs may range up to its drafter's
             largest training horizon.
         settings: the config's ``controller`` section (decay, long_decay, idle_decay, prior_strength, prior,
-            time_weight, time_relax, catchup_horizon, calibration_*).
+            time_weight, time_relax, time_clip, catchup_horizon, calibration_*).
         concurrency: the c the verify term is calibrated at (besides 1).
         context_tokens: the job's typical context (:func:`typical_context_tokens`), used when
             ``settings["calibration_context_tokens"]`` is unset.
@@ -135,4 +135,5 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, co
                                catchup_horizon=settings.get("catchup_horizon", 64),
                                long_decay=settings.get("long_decay", 0.99), idle_decay=settings.get("idle_decay", 0.998),
                                time_weight=settings.get("time_weight", 0.1),
-                               time_relax=settings.get("time_relax", 0.003))
+                               time_relax=settings.get("time_relax", 0.003),
+                               time_clip=settings.get("time_clip", 1.1))
