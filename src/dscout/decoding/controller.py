@@ -39,10 +39,10 @@ drafted rounds (machine noise) would otherwise price drafting out for the rest o
 and how fast idle rounds forget the long-run acceptance, set what exploring costs where drafting never pays: each
 probe costs 1.2–1.8 bs-1 rounds on this CPU. In simulated jobs (benchmarks/controller_simulation.py: 380 rounds,
 drafted rounds 1.3–1.45x their calibrated price, 10 % noise) ``time_relax`` 0.01 and ``idle_decay`` 0.995 probed
-15 times per job at a first-draft acceptance of 0.05 (0.981x AR); 0.003 and 0.998 probe 6–7 times (0.991x), and
-with each round's ratio clipped to 1.1x the current one (``time_clip``) a stretch of slow rounds costs what it did
-with the fast drift (within 1 %), where drafting pays they give 1.452x AR against 1.463x (bs 6 fixed: 1.481x). Untimed warm-up
-generations run inside :meth:`BlockSizeController.frozen`: their first calls are slow and teach nothing. No model of where the extra cost comes from is needed,
+15 times per job at a first-draft acceptance of 0.05 (0.981x AR); 0.003 and 0.998 probe 6–7 times (0.991x). With
+each round's ratio clipped to 1.1x the current one (``time_clip``), a stretch of slow rounds costs within 1 % of
+what it cost with the fast drift, and where drafting pays the rate is 1.452x AR against 1.463x (bs 6 fixed:
+1.481x). Untimed warm-up generations run inside :meth:`BlockSizeController.frozen`: their first calls are slow and teach nothing. No model of where the extra cost comes from is needed,
 and a ratio that drifts is followed (exponential average, ``time_weight`` per round).
 
 Acceptance statistics (:class:`AcceptanceTracker`): a round that drafted ``k`` tokens and accepted ``n``
