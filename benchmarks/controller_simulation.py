@@ -68,7 +68,8 @@ def accepted(k: int, a1: float, a: float, rng: random.Random) -> int:
 
 
 def true_cost(bs: int, extra: float) -> float:
-    return 1.0 if bs == 1 else (1.0 + 0.03 * bs) * extra
+    """A real round: the calibrated price, times ``extra`` when it drafts."""
+    return CalibratedUnits().round_seconds(bs, 1) * (extra if bs > 1 else 1.0)
 
 
 def simulate(a1, a, extra, seed, rounds, noise, burst=None, max_bs=8, **settings):

@@ -485,3 +485,21 @@ def test_a_stretch_of_slow_rounds_moves_the_time_ratio_by_a_bounded_step():
     for _ in range(80):  # a lasting 1.5x: followed within tens of rounds
         ctl.observe_time(4, 1, 1.5 * lat.round_seconds(4, 1, committed=1.0, pending=1.0), committed=1.0)
     assert ctl.time_ratio[True] == pytest.approx(1.5, rel=0.02)
+
+
+
+def test_the_schemas_controller_defaults_are_the_controllers():
+    """`online_controller` passes only the keys a config sets: a config without them gets the class's defaults,
+    which must be the ones the schema documents (and fills in)."""
+    import inspect
+
+    import yaml
+
+    from tests.workflow import ROOT
+
+    schema = yaml.safe_load((ROOT / "schemas" / "config.schema.yaml").read_text())
+    props = schema["properties"]["controller"]["properties"]
+    params = inspect.signature(BlockSizeController.__init__).parameters
+    for k in ("decay", "prior_strength", "prior", "catchup_horizon", "long_decay", "idle_decay", "time_weight",
+              "time_relax", "time_clip"):
+        assert params[k].default == props[k]["default"], k

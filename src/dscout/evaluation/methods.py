@@ -130,10 +130,6 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, co
                                 context_tokens=settings.get("calibration_context_tokens") or context_tokens
                                 or DEFAULT_CALIBRATION_CONTEXT,
                                 repeats=settings.get("calibration_repeats", 5))
-    return BlockSizeController(latency, horizon, decay=settings.get("decay", 0.9),
-                               prior_strength=settings.get("prior_strength", 2.0), prior=settings.get("prior", 0.5),
-                               catchup_horizon=settings.get("catchup_horizon", 64),
-                               long_decay=settings.get("long_decay", 0.99), idle_decay=settings.get("idle_decay", 0.998),
-                               time_weight=settings.get("time_weight", 0.1),
-                               time_relax=settings.get("time_relax", 0.003),
-                               time_clip=settings.get("time_clip", 1.1))
+    knobs = ("decay", "prior_strength", "prior", "catchup_horizon", "long_decay", "idle_decay", "time_weight",
+             "time_relax", "time_clip")  # unset ones take BlockSizeController's defaults (the schema's)
+    return BlockSizeController(latency, horizon, **{k: settings[k] for k in knobs if k in settings})
