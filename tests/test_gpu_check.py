@@ -11,8 +11,17 @@ def test_gpu_check_script_runs_on_cpu_with_tiny_shape(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     r = mod.main(["--shape", "tiny", "--device", "cpu", "--dtype", "float64", "--prompts", "1",
-                  "--prompt-len", "12", "--new-tokens", "16", "--block-sizes", "4,8", "--out", str(tmp_path)])
+                  "--prompt-len", "12", "--new-tokens", "16", "--block-sizes", "4,8", "--concurrency", "1,3",
+                  "--serve-block-sizes", "4", "--serve-new-tokens", "12", "--out", str(tmp_path)])
     assert r["mismatches"] == 0  # float64: no near-ties, so speculative output equals AR exactly
-    assert set(r["methods"]) == {"ar", "dflash-bs4", "replay-bs4", "dflash-bs8", "replay-bs8"}
+    assert set(r["methods"]) == {"hf-loop", "ar", "dflash-bs4", "replay-bs4", "dflash-bs8", "replay-bs8"}
     assert r["methods"]["replay-bs8"]["tau"] > r["methods"]["dflash-bs8"]["tau"]  # replay accepts long runs
+    # Table 4 section: batched engine, ragged prompts; costed replay drafts through the real batched drafter
+    for c in (1, 3):
+        cell = r["serving"][c]
+        assert cell["mismatches"] == 0  # every method's greedy output equals batched AR's, row by row
+        assert set(cell) == {"ar", "dflash-bs4", "replay-bs4", "online-dflash", "online-replay", "mismatches"}
+        assert cell["replay-bs4"]["tau"] > cell["dflash-bs4"]["tau"]
+        assert cell["replay-bs4"]["drafter_ms"] > 0  # the real drafter ran under the replayed tokens
+        assert cell["online-dflash"]["controller_us_per_round"] > 0
     assert (tmp_path / "gpu_check.json").exists()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .acceptance import commit_round, greedy_accept
-from .engine import GenerationResult
+from .engine import GenerationResult, _sync
 
 
 @dataclass
@@ -169,6 +169,7 @@ class BatchedSpeculativeEngine:
                         catchup = max(catchup, getattr(prop, "pending_tokens", 0))
                     d = prop.propose(last[i], length[i], k) if k > 0 and prop is not None else None
                     drafts.append(d.tokens.to(dev) if d is not None else empty)
+            _sync(dev)  # CUDA launches are asynchronous: the drafter's kernels belong to its seconds
             batch.drafter_seconds.append(time.perf_counter() - tp)
             batch.catchup_tokens.append(catchup)
             tb = time.perf_counter()
@@ -188,6 +189,7 @@ class BatchedSpeculativeEngine:
             mask[..., S:] |= torch.eye(width, dtype=torch.bool, device=dev)[None, None]
             out = self.target(vids, layer_ids=self.layer_ids, past_key_values=cache, attention_mask=mask,
                               position_ids=vpos)
+            _sync(dev)
             tc = time.perf_counter()
             committed_slots = torch.zeros(B, width, dtype=torch.bool, device=dev)
             observed = []
@@ -221,6 +223,7 @@ class BatchedSpeculativeEngine:
                 group.end_round()
             if self.controller is not None:
                 self.controller.observe_batch(observed)
+            _sync(dev)
             td = time.perf_counter()
             if self.controller is not None and observed and not first_round:  # measured round vs latency model
                 self.controller.observe_time(max(ks) + 1, len(observed), td - ta,

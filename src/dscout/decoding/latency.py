@@ -198,12 +198,22 @@ class LatencyModel:
         return cls(**json.loads(Path(path).read_text()))
 
 
-def _median_seconds(fn, repeats: int) -> float:
+def _sync(device) -> None:
+    """Wait for the device's queued kernels (CUDA launches are asynchronous; a CPU does nothing)."""
+    import torch
+
+    if getattr(device, "type", None) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_seconds(fn, repeats: int, device=None) -> float:
     fn()  # warm-up: first-call allocations out of the timing
+    _sync(device)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -268,7 +278,7 @@ def _calibrate(target, proposer, block_sizes, concurrency, context_tokens, repea
                 sub.crop(-bs)
 
             samples.append({"part": "verify", "bs": bs, "c": c, "layers": None, "tokens": c * bs,
-                            "seconds": _median_seconds(verify, repeats)})
+                            "seconds": _median_seconds(verify, repeats, dev)})
     group = proposer.batched() if callable(getattr(proposer, "batched", None)) else None
     if group is None:
         from .proposers import BatchedBlockDiffusionProposer
@@ -289,7 +299,7 @@ def _calibrate(target, proposer, block_sizes, concurrency, context_tokens, repea
                         group.propose([token] * c, [context_tokens] * c, [bs - 1] * c)
 
                     samples.append({"part": "draft", "bs": bs, "c": c, "layers": j, "tokens": c * bs, "pending": 0,
-                                    "seconds": _median_seconds(draft, repeats)})
+                                    "seconds": _median_seconds(draft, repeats, dev)})
     finally:
         drafter.layers = layers
     # the catch-up: a draft forward that first writes m kept tokens per request (context length unchanged)
@@ -303,8 +313,10 @@ def _calibrate(target, proposer, block_sizes, concurrency, context_tokens, repea
                 group.start(ctx[:, : context_tokens - m])
                 for i in range(c):
                     group.commit(i, ctx[i, context_tokens - m:])
+                _sync(dev)
                 t0 = time.perf_counter()
                 group.propose([token] * c, [context_tokens] * c, [b0 - 1] * c)
+                _sync(dev)
                 return time.perf_counter() - t0
 
             catchup()
