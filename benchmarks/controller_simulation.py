@@ -31,7 +31,17 @@ from dscout.decoding.controller import BlockSizeController  # noqa: E402
 SCENARIOS = {  # name: (a1, a, extra)
     "never pays (a1 0.05)": (0.05, 0.3, 1.45),
     "rarely (a1 0.15)": (0.15, 0.4, 1.4),
+    # the CPU default's drafter where drafting pays a little (HumanEval, MATH-500, MBPP at bs 4: a1 0.22-0.25, a2
+    # 0.04-0.25; drafted rounds 1.14-1.18x a bs-1 round at mean bs 2-3, 2026-12-04)
+    "marginal (a1 0.23, a 0.2)": (0.23, 0.2, 1.08),
     "pays (a1 0.55, a 0.6)": (0.55, 0.6, 1.3),
+}
+# good and bad stretches that last (mean 1 / switch rounds): acceptance clustered in time, where following the recent
+# rounds pays (the CPU default's acceptance is barely clustered: P(accept | last accepted) 0.32-0.36 against
+# P(accept | last rejected) 0.19-0.22 on GSM8K, HumanEval and MATH-500)
+REGIMES = {  # name: ((a1, a) good, (a1, a) bad, switch probability per round, extra)
+    "stretches of ~50 rounds (good a1 0.7 / bad 0.05)": ((0.7, 0.75), (0.05, 0.3), 0.02, 1.3),
+    "stretches of ~20 rounds": ((0.7, 0.75), (0.05, 0.3), 0.05, 1.3),
 }
 BURSTS = {
     "pays + load 2.5x on all rounds 10-50": lambda r, bs: 2.5 if 10 <= r < 50 else 1.0,
@@ -42,7 +52,10 @@ SETTINGS = {
         {"time_relax": 0.01, "idle_decay": 0.995, "time_clip": None},
     "time_relax 0.003, idle_decay 0.998, no clip": {"time_clip": None},
     "time_relax 0.01, idle_decay 0.998, time_clip 1.1": {"time_relax": 0.01},
-    "time_relax 0.003, idle_decay 0.998, time_clip 1.1 (the defaults)": {},
+    "time_relax 0.003, idle_decay 0.998, time_clip 1.1 (the defaults; recent_strength = prior_strength 2)": {},
+    "the defaults, recent_strength 5": {"recent_strength": 5},
+    "the defaults, recent_strength 10 (measured on the CPU default, 2026-12-04)": {"recent_strength": 10},
+    "the defaults, recent_strength 20": {"recent_strength": 20},
 }
 
 
@@ -72,14 +85,21 @@ def true_cost(bs: int, extra: float) -> float:
     return CalibratedUnits().round_seconds(bs, 1) * (extra if bs > 1 else 1.0)
 
 
-def simulate(a1, a, extra, seed, rounds, noise, burst=None, max_bs=8, **settings):
-    """One job: (tokens per unit time, drafted rounds)."""
+def simulate(a1, a, extra, seed, rounds, noise, burst=None, max_bs=8, regime=None, fixed=None, **settings):
+    """One job: (tokens per unit time, drafted rounds). ``regime`` = ((a1, a) good, (a1, a) bad, switch): the
+    acceptance of each round comes from a two-state chain instead (``a1``, ``a`` unused); ``fixed``: that bs in
+    every round instead of the controller."""
     rng = random.Random(seed)
     ctl = BlockSizeController(CalibratedUnits(), max_block_size=max_bs, **settings)
     tokens = spent = 0.0
     drafted = 0
+    good = True
     for r in range(rounds):
-        bs = ctl.choose(1)
+        if regime is not None:
+            if rng.random() < regime[2]:
+                good = not good
+            a1, a = regime[0] if good else regime[1]
+        bs = fixed or ctl.choose(1)
         n = accepted(bs - 1, a1, a, rng) if bs > 1 else 0
         t = true_cost(bs, extra) * rng.lognormvariate(-noise * noise / 2, noise) * (burst(r, bs) if burst else 1.0)
         ctl.observe(bs - 1, n)
@@ -101,6 +121,11 @@ def best_fixed(a1, a, extra, rounds, seeds, max_bs=8):
     return max((rate(b), b) for b in range(1, max_bs + 1))
 
 
+def best_fixed_regime(good, bad, switch, extra, rounds, seeds, noise, max_bs=8):
+    return max((statistics.median(simulate(0, 0, extra, s, rounds, noise, regime=(good, bad, switch), fixed=b)[0]
+                                  for s in range(seeds)), b) for b in range(1, max_bs + 1))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=380)
@@ -108,7 +133,7 @@ def main(argv=None):
     p.add_argument("--noise", type=float, default=0.1, help="sigma of the log-normal round-time noise")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    cols = list(SCENARIOS) + list(BURSTS)
+    cols = list(SCENARIOS) + list(BURSTS) + list(REGIMES)
     lines = [f"Simulated jobs of {args.rounds} rounds, median of {args.seeds} seeds, round-time noise "
              f"sigma {args.noise}: DScout(online) tokens per unit time / AR (drafted rounds per job, mean).", "",
              "| setting | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
@@ -124,9 +149,14 @@ def main(argv=None):
         for burst in BURSTS.values():
             runs = [simulate(*pays, s, args.rounds, args.noise, burst=burst, **settings) for s in range(args.seeds)]
             cells.append(f"{statistics.median(r[0] for r in runs):.3f} ({statistics.mean(r[1] for r in runs):.0f})")
+        for good, bad, switch, extra in REGIMES.values():
+            runs = [simulate(0, 0, extra, s, args.rounds, args.noise, regime=(good, bad, switch), **settings)
+                    for s in range(args.seeds)]
+            cells.append(f"{statistics.median(r[0] for r in runs):.3f} ({statistics.mean(r[1] for r in runs):.0f})")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    regime_best = [best_fixed_regime(*v, args.rounds, args.seeds, args.noise) for v in REGIMES.values()]
     lines.append("| best fixed bs | " + " | ".join(f"{r:.3f} (bs {b})" for r, b in best.values())
-                 + " | – | – |")
+                 + " | – | – | " + " | ".join(f"{r:.3f} (bs {b})" for r, b in regime_best) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

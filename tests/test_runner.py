@@ -67,3 +67,18 @@ class _Wrong(_Logged):
         r = super().generate(*args, **kwargs)
         r.output_ids[-1] = (r.output_ids[-1] + 1) % 64 or 1
         return r
+
+
+def test_a_benchmark_job_clears_the_repeat_folders_an_earlier_run_left(tmp_path):
+    """A rerun with fewer repeats must not leave the earlier run's r7/, r8/ beside its records (found when a
+    9-repeat run's last two repeats were read into a 7-repeat report)."""
+    from dscout.cli import clear_repeat_dirs
+
+    for rel in ("r0/ar.jsonl", "r0/dflash-bs16-old.jsonl", "r7/ar.jsonl", "r12/ar.jsonl", "rare/keep.txt",
+                "latency-dscout-online.json", "config.resolved.json"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}\n")
+    removed = clear_repeat_dirs(tmp_path)
+    assert sorted(p.name for p in removed) == ["r0", "r12", "r7"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.resolved.json", "latency-dscout-online.json",
+                                                          "rare"]

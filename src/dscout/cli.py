@@ -195,6 +195,25 @@ def cmd_train(a):
     write_resolved(Path(a.out) / "config.resolved.json", st)
 
 
+def clear_repeat_dirs(out_dir: Path) -> list[Path]:
+    """Remove the per-repeat record folders ``r<k>/`` a previous run of a benchmark job left in ``out_dir``.
+
+    Snakemake deletes only the files a job declares: after a rerun with fewer repeats or other methods, an earlier
+    run's ``r7/`` or ``r0/<old method>.jsonl`` would stay beside the new records, and anything reading the folder
+    (the reports in ``benchmarks/``, a user's glob) would mix two runs. The job rewrites every record it declares.
+
+    Returns:
+        the folders removed.
+    """
+    import re
+    import shutil
+
+    removed = [d for d in Path(out_dir).glob("r*") if d.is_dir() and re.fullmatch(r"r\d+", d.name)]
+    for d in removed:
+        shutil.rmtree(d)
+    return removed
+
+
 def cmd_bench(a):
     from dscout.data.prompts import chat_prompt_ids
     from dscout.evaluation.methods import build_methods, typical_context_tokens
@@ -218,6 +237,7 @@ def cmd_bench(a):
                             cpu_packed_linear=b.get("cpu_packed_linear", False),
                             context_tokens=typical_context_tokens([len(x) for x in first_turns], max_new))
     out = Path(a.out_dir)
+    clear_repeat_dirs(out)
     for m in methods:  # the online controller's latency model, calibrated at start-up, is saved with the run
         if m.engine.controller is not None:
             m.engine.controller.latency.to_json(out / f"latency-{m.key}.json")

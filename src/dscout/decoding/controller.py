@@ -69,9 +69,10 @@ class AcceptanceTracker:
     Args:
         max_drafts: largest number of drafts per round (horizon - 1).
         decay: per-round multiplier of the recent counts (drafted or not), in (0, 1].
-        prior_strength: pseudo-rounds pulling each rate towards its prior: a recent ``a_j`` towards the long-run
-            ``a_j``, the long-run ``a_1`` towards ``prior`` and a long-run ``a_j`` towards the long-run ``a_{j-1}``
-            (a position no round has reached inherits the rate of the one before).
+        prior_strength: pseudo-rounds pulling each long-run rate towards its prior: the long-run ``a_1`` towards
+            ``prior`` and a long-run ``a_j`` towards the long-run ``a_{j-1}`` (a position no round has reached
+            inherits the rate of the one before).
+        recent_strength: pseudo-rounds pulling a recent ``a_j`` towards the long-run ``a_j`` (None = ``prior_strength``).
         prior: acceptance rate assumed before any observation at position 1.
         idle_decay: per-round multiplier of the long-run counts on rounds without drafts.
         long_decay: per-round multiplier of the long-run counts on drafted rounds.
@@ -80,13 +81,16 @@ class AcceptanceTracker:
     """
 
     def __init__(self, max_drafts: int, decay: float = 0.9, prior_strength: float = 2.0, prior: float = 0.5,
-                 idle_decay: float = 0.998, long_decay: float = 0.99):
+                 idle_decay: float = 0.998, long_decay: float = 0.99, recent_strength: float | None = None):
         if max_drafts < 1:
             raise ValueError("max_drafts must be >= 1")
         if not all(0 < f <= 1 for f in (decay, idle_decay, long_decay)):
             raise ValueError("decay, idle_decay and long_decay must be in (0, 1]")
         self.max_drafts, self.decay, self.prior_strength, self.prior = max_drafts, decay, prior_strength, prior
         self.idle_decay, self.long_decay = idle_decay, long_decay
+        self.recent_strength = prior_strength if recent_strength is None else recent_strength
+        if self.recent_strength < 0:
+            raise ValueError("recent_strength must be >= 0")
         self.reset()
 
     def reset(self) -> None:
@@ -135,7 +139,7 @@ class AcceptanceTracker:
         its drafts were as hard as the first (CPU default, HumanEval: recent ``a_1`` 0.15 gave ``a_2`` 0.15
         against a long-run ``a_2`` of 0.39, and the controller stopped drafting where bs 4 was 4 % faster).
         """
-        k = self.prior_strength
+        k = self.recent_strength
         return [(s + k * p) / (n + k) for s, n, p in zip(self.successes, self.trials, self.long_rates())]
 
     def survival(self) -> list[float]:
@@ -154,7 +158,7 @@ class BlockSizeController:
         latency: a :class:`~dscout.decoding.latency.LatencyModel` of this target/drafter on this machine.
         max_block_size: the drafter's largest training horizon (upper bound of bs).
         candidates: bs values to consider (default every bs from 1 to ``max_block_size``; 1 = no drafts).
-        decay, prior_strength, prior, idle_decay, long_decay: see :class:`AcceptanceTracker`.
+        decay, prior_strength, prior, idle_decay, long_decay, recent_strength: see :class:`AcceptanceTracker`.
         catchup_horizon: tokens over which a resumed drafting regime pays off a catch-up backlog (module doc).
         time_weight: weight of the newest round in the measured / predicted time ratios (0 = no time feedback).
         time_relax: per measured round of one class, the share by which the other class's ratio moves towards it
@@ -180,14 +184,15 @@ class BlockSizeController:
     def __init__(self, latency, max_block_size: int, candidates: list[int] | None = None, decay: float = 0.9,
                  prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64,
                  idle_decay: float = 0.998, time_weight: float = 0.1, long_decay: float = 0.99,
-                 time_relax: float = 0.003, baseline_round: bool = True, time_clip: float | None = 1.1):
+                 time_relax: float = 0.003, baseline_round: bool = True, time_clip: float | None = 1.1,
+                 recent_strength: float | None = None):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
         self.max_block_size = max_block_size
         self.candidates = sorted({b for b in (candidates or range(1, max_block_size + 1)) if 1 <= b <= max_block_size})
         self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior, idle_decay,
-                                         long_decay)
+                                         long_decay, recent_strength)
         self.overhead_seconds = 0.0
         self.catchup_horizon = max(int(catchup_horizon), 1)
         self.time_weight = float(time_weight)
