@@ -198,15 +198,9 @@ class LatencyModel:
         return cls(**json.loads(Path(path).read_text()))
 
 
-def _sync(device) -> None:
-    """Wait for the device's queued kernels (CUDA launches are asynchronous; a CPU does nothing)."""
-    import torch
+def _median_seconds(fn, repeats: int, device) -> float:
+    from .engine import _sync  # CUDA launches are asynchronous: wait for the kernels inside each timing
 
-    if getattr(device, "type", None) == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_seconds(fn, repeats: int, device=None) -> float:
     fn()  # warm-up: first-call allocations out of the timing
     _sync(device)
     times = []
@@ -247,6 +241,8 @@ def calibrate_latency(target, proposer, block_sizes: list[int], concurrency: lis
 
 def _calibrate(target, proposer, block_sizes, concurrency, context_tokens, repeats, seed) -> LatencyModel:
     import torch
+
+    from .engine import _sync
 
     t_start = time.perf_counter()
     dev = target.device
