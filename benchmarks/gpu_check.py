@@ -182,7 +182,7 @@ def _hf_step_seconds(target, prompt: list[int], steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def single_request(args, target, drafter, taps, rows: dict) -> int:
+def single_request(args, target, drafter, rows: dict) -> int:
     """AR vs random-drafter DFlash vs costed replay, one request at a time; returns greedy mismatches vs AR."""
     from dscout.decoding.engine import SpeculativeEngine
     from dscout.decoding.proposers import BlockDiffusionProposer
@@ -348,7 +348,7 @@ def main(argv=None):
               "args": {k: v for k, v in vars(args).items()}}
 
     rows: dict = {}
-    mismatches = single_request(args, target, drafter, taps, rows)
+    mismatches = single_request(args, target, drafter, rows)
     ar_tpot = statistics.mean(x["tpot"] for x in rows["ar"])
     print(f"\n{args.shape} random target ({L} layers, {args.dtype}{', peaked' if args.peaked else ''}) on {dev_name}; "
           f"drafter {len(taps)}t{args.drafter_layers}d (random); {args.prompts} prompts x {args.prompt_len} tokens, "
