@@ -42,6 +42,8 @@ SCENARIOS = {  # name: (a1, a, extra)
 REGIMES = {  # name: ((a1, a) good, (a1, a) bad, switch probability per round, extra)
     "stretches of ~50 rounds (good a1 0.7 / bad 0.05)": ((0.7, 0.75), (0.05, 0.3), 0.02, 1.3),
     "stretches of ~20 rounds": ((0.7, 0.75), (0.05, 0.3), 0.05, 1.3),
+    # the marginal drafter on a real text: stretches the drafter follows (a1 0.32) and stretches it does not (0.12)
+    "marginal, stretches of ~30 rounds (a1 0.32 / 0.12)": ((0.32, 0.25), (0.12, 0.15), 0.033, 1.08),
 }
 BURSTS = {
     "pays + load 2.5x on all rounds 10-50": lambda r, bs: 2.5 if 10 <= r < 50 else 1.0,
@@ -56,6 +58,12 @@ SETTINGS = {
     "the defaults, recent_strength 5": {"recent_strength": 5},
     "the defaults, recent_strength 10 (measured on the CPU default, 2026-12-04)": {"recent_strength": 10},
     "the defaults, recent_strength 20": {"recent_strength": 20},
+    "the defaults, explore 0.5": {"explore": 0.5},
+    "the defaults, explore 1": {"explore": 1.0},
+    "the defaults, explore 1.5": {"explore": 1.5},
+    "the defaults, explore 2": {"explore": 2.0},
+    "the defaults, explore 1, recent_strength 5": {"explore": 1.0, "recent_strength": 5},
+    "the defaults, explore 0.5, recent_strength 10": {"explore": 0.5, "recent_strength": 10},
 }
 
 

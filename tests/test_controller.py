@@ -337,6 +337,44 @@ def test_recent_strength_sets_how_far_a_short_bad_run_moves_the_estimate_and_not
         AcceptanceTracker(3, recent_strength=-1)
 
 
+def test_explore_keeps_probing_after_a_few_unlucky_probes_and_fades_with_trials():
+    """The cold start measured on MBPP: a fresh controller's first four probes were all rejected (probability 0.32
+    at a first-draft acceptance of 0.25), its long-run a_1 fell from the prior 0.5 to about 0.17, below the
+    break-even near 0.18, and it stopped drafting for hundreds of rounds. With ``explore`` the estimate is the upper
+    side of the long-run posterior: after four rejections it stays above that break-even, after hundreds of rounds
+    at 0.25 the bonus is small, and 0 is exactly the point estimate."""
+    from dscout.decoding.controller import AcceptanceTracker
+
+    def probed(n_rejected, **kw):
+        t = AcceptanceTracker(3, **kw)
+        for _ in range(n_rejected):
+            t.update(3, 0)
+        for _ in range(30):  # rounds without drafts: the recent counts fade, the estimate returns to the long run
+            t.update(0, 0)
+        return t
+
+    plain, bold = probed(4), probed(4, explore=0.5)
+    assert plain.long_rates() == bold.long_rates()  # the counts themselves do not depend on it
+    assert plain.rates()[0] < 0.18 < bold.rates()[0] < plain.long_rates()[0] + 0.15
+    assert bold.optimistic_long_rates()[0] > bold.long_rates()[0]
+
+    def long_run(**kw):
+        t = AcceptanceTracker(3, **kw)
+        for i in range(400):
+            t.update(3, 1 if i % 4 == 0 else 0)
+        return t
+
+    steady, steady_bold = long_run(), long_run(explore=0.5)
+    bonus_early = bold.optimistic_long_rates()[0] - bold.long_rates()[0]
+    bonus_late = steady_bold.optimistic_long_rates()[0] - steady_bold.long_rates()[0]
+    assert 0 < bonus_late < 0.5 * bonus_early
+    assert abs(steady_bold.rates()[0] - steady.rates()[0]) < 0.05
+    assert AcceptanceTracker(3, explore=0.0).rates() == AcceptanceTracker(3).rates()
+    assert all(r <= 1.0 for r in probed(0, explore=50.0).optimistic_long_rates())
+    with pytest.raises(ValueError):
+        AcceptanceTracker(3, explore=-0.1)
+
+
 def test_measured_round_times_correct_an_underpriced_latency_model():
     lat = cpu_like_latency()
     ctl = _decider(lat, max_block_size=16, prior_strength=1e-9, time_relax=0.0)  # the ratios alone
@@ -526,5 +564,5 @@ def test_the_schemas_controller_defaults_are_the_controllers():
     props = schema["properties"]["controller"]["properties"]
     params = inspect.signature(BlockSizeController.__init__).parameters
     for k in ("decay", "prior_strength", "prior", "catchup_horizon", "long_decay", "idle_decay", "time_weight",
-              "time_relax", "time_clip", "recent_strength"):
+              "time_relax", "time_clip", "recent_strength", "explore"):
         assert params[k].default == props[k]["default"], k

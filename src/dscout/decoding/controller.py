@@ -28,6 +28,15 @@ CPU default (docs/online_controller.md): with one time scale decaying by 0.9 on 
 about every other round where no draft is ever accepted; with the idle rounds' slow decay on that one scale it got
 stuck at bs 1 after a bad stretch where bs 4 pays (GSM8K, 127 of 127 rounds of a repeat at bs 1).
 
+Exploration under uncertainty (``explore``, off by default). With point estimates a few unlucky probes decide a
+job: on the CPU default's MBPP (first-draft acceptance 0.25, break-even near 0.18) a fresh controller's first four
+probes were all rejected, its long-run ``a_1`` fell from the prior 0.5 to 0.17, and it stayed at bs 1 for the next
+two generations. With ``explore = z`` the long-run rate the recent one is shrunk towards is its Beta posterior's
+mean plus ``z`` standard deviations, ``m + z sqrt(m (1 - m) / (n + prior_strength + 1))``: wide after four trials
+(+0.07 at z = 0.5), negligible after a few hundred (+0.02), so the controller keeps probing until the interval
+clears break-even and then follows the mean. Where drafting never pays it probes a little more often (simulated:
+0.986× AR instead of 0.991× at z = 0.5; 0.965× at z = 2).
+
 Measured round times. The calibrated model is fitted once, at start-up, on a fresh short context; the rounds of a
 real run can cost more (a longer cache, the batched engine's masked slots of rejected drafts, machine load). After
 each round the engine reports its wall time (:meth:`BlockSizeController.observe_time`) and the controller keeps a
@@ -76,12 +85,18 @@ class AcceptanceTracker:
         prior: acceptance rate assumed before any observation at position 1.
         idle_decay: per-round multiplier of the long-run counts on rounds without drafts.
         long_decay: per-round multiplier of the long-run counts on drafted rounds.
+        explore: optimism under uncertainty, in posterior standard deviations: the long-run ``a_j`` the recent rates
+            are shrunk towards is raised by ``explore * sqrt(a (1 - a) / (n_j + prior_strength + 1))`` (``n_j`` its
+            decayed long-run trials), the upper side of its Beta posterior. A few rejected probes then leave a wide
+            interval and the controller keeps probing until the interval clears break-even; with many trials the
+            bonus vanishes and the estimate is the mean (0 = point estimates, the behaviour before 2026-12-04).
     Raises:
-        ValueError: for ``max_drafts < 1`` or a decay outside (0, 1].
+        ValueError: for ``max_drafts < 1``, a decay outside (0, 1] or a negative ``recent_strength``/``explore``.
     """
 
     def __init__(self, max_drafts: int, decay: float = 0.9, prior_strength: float = 2.0, prior: float = 0.5,
-                 idle_decay: float = 0.998, long_decay: float = 0.99, recent_strength: float | None = None):
+                 idle_decay: float = 0.998, long_decay: float = 0.99, recent_strength: float | None = None,
+                 explore: float = 0.0):
         if max_drafts < 1:
             raise ValueError("max_drafts must be >= 1")
         if not all(0 < f <= 1 for f in (decay, idle_decay, long_decay)):
@@ -91,6 +106,9 @@ class AcceptanceTracker:
         self.recent_strength = prior_strength if recent_strength is None else recent_strength
         if self.recent_strength < 0:
             raise ValueError("recent_strength must be >= 0")
+        if explore < 0:
+            raise ValueError("explore must be >= 0")
+        self.explore = float(explore)
         self.reset()
 
     def reset(self) -> None:
@@ -129,6 +147,15 @@ class AcceptanceTracker:
             out.append(prev)
         return out
 
+    def optimistic_long_rates(self) -> list[float]:
+        """The long-run rates each raised by ``explore`` posterior standard deviations (capped at 1): what the
+        recent rates are shrunk towards. Equal to :meth:`long_rates` when ``explore`` is 0."""
+        means = self.long_rates()
+        if not self.explore:
+            return means
+        z, k = self.explore, self.prior_strength
+        return [min(1.0, m + z * (m * (1.0 - m) / (n + k + 1.0)) ** 0.5) for m, n in zip(means, self.long_trials)]
+
     def rates(self) -> list[float]:
         """``[a_1, ..., a_K]``, conditional acceptance per draft position from the recent rounds, each shrunk
         towards the long-run rate of the same position.
@@ -140,7 +167,7 @@ class AcceptanceTracker:
         against a long-run ``a_2`` of 0.39, and the controller stopped drafting where bs 4 was 4 % faster).
         """
         k = self.recent_strength
-        return [(s + k * p) / (n + k) for s, n, p in zip(self.successes, self.trials, self.long_rates())]
+        return [(s + k * p) / (n + k) for s, n, p in zip(self.successes, self.trials, self.optimistic_long_rates())]
 
     def survival(self) -> list[float]:
         """``[S(1), ..., S(K)]`` with ``S(k) = a_1 ... a_k``: the probability that a round accepts >= k drafts."""
@@ -158,7 +185,8 @@ class BlockSizeController:
         latency: a :class:`~dscout.decoding.latency.LatencyModel` of this target/drafter on this machine.
         max_block_size: the drafter's largest training horizon (upper bound of bs).
         candidates: bs values to consider (default every bs from 1 to ``max_block_size``; 1 = no drafts).
-        decay, prior_strength, prior, idle_decay, long_decay, recent_strength: see :class:`AcceptanceTracker`.
+        decay, prior_strength, prior, idle_decay, long_decay, recent_strength, explore: see
+            :class:`AcceptanceTracker`.
         catchup_horizon: tokens over which a resumed drafting regime pays off a catch-up backlog (module doc).
         time_weight: weight of the newest round in the measured / predicted time ratios (0 = no time feedback).
         time_relax: per measured round of one class, the share by which the other class's ratio moves towards it
@@ -185,14 +213,14 @@ class BlockSizeController:
                  prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64,
                  idle_decay: float = 0.998, time_weight: float = 0.1, long_decay: float = 0.99,
                  time_relax: float = 0.003, baseline_round: bool = True, time_clip: float | None = 1.1,
-                 recent_strength: float | None = None):
+                 recent_strength: float | None = None, explore: float = 0.0):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
         self.max_block_size = max_block_size
         self.candidates = sorted({b for b in (candidates or range(1, max_block_size + 1)) if 1 <= b <= max_block_size})
         self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior, idle_decay,
-                                         long_decay, recent_strength)
+                                         long_decay, recent_strength, explore)
         self.overhead_seconds = 0.0
         self.catchup_horizon = max(int(catchup_horizon), 1)
         self.time_weight = float(time_weight)
