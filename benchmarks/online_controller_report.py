@@ -28,7 +28,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from dscout.analysis.table4 import table4_rows  # noqa: E402
+from dscout.analysis.table4 import table4_rows, throughput_table  # noqa: E402
 
 
 def _load(paths):
@@ -44,16 +44,21 @@ def _fmt(m, lo, hi):
 
 
 def bench_rows(bench_dir: str) -> list[dict]:
-    """Per benchmark: median [min, max] over repeats of each method's speedup vs AR; online's choices and τ."""
+    """Per benchmark and online row: median [min, max] over repeats of its speedup vs AR; the best fixed bs; the
+    online row's choices and τ; with several online rows, each one's per-repeat ratio to the first (same job)."""
     rows = []
     for bdir in sorted(glob.glob(os.path.join(bench_dir, "*", "t0"))):
         recs = _load(glob.glob(os.path.join(bdir, "r*", "*.jsonl")))
         by = defaultdict(lambda: defaultdict(list))  # method -> repeat -> records
+        names = {}
         for r in recs:
-            key = "online" if r["block_size"] == "online" else "ar" if r["method"] == "ar" else \
+            key = r["method_key"] if r["block_size"] == "online" else "ar" if r["method"] == "ar" else \
                 f"{r['method']}-bs{r['block_size']}"
+            names[key] = r.get("method_name", key)
             by[key][r["repeat"]].append(r)
-        if "ar" not in by or "online" not in by:
+        online_keys = sorted((k for k in by if k.startswith("dscout-online") or k.startswith("dflash-online")),
+                             key=lambda k: (len(k), k))  # the row without its own settings first
+        if "ar" not in by or not online_keys:
             continue
         ar_out = {(r["prompt_id"], r.get("turn", 0), r["repeat"]): r["output_ids"] for rs in by["ar"].values()
                   for r in rs}
@@ -64,25 +69,29 @@ def bench_rows(bench_dir: str) -> list[dict]:
         ratio = {k: [tps(v[rep]) / tps(by["ar"][rep]) for rep in sorted(v)] for k, v in by.items()}
         fixed = [k for k in ratio if k.startswith("dscout-bs")]
         best = max(fixed, key=lambda k: statistics.median(ratio[k]))
-        on = [r for rs in by["online"].values() for r in rs]
-        chosen = [b for r in on for b in r.get("round_block_sizes") or []]
-        secs = [s for r in on for s in r.get("round_seconds") or []]
-        at1 = [s for r in on for b, s in zip(r["round_block_sizes"], r["round_seconds"]) if b == 1]
-        drafted = [s for r in on for b, s in zip(r["round_block_sizes"], r["round_seconds"]) if b > 1]
-        mism = sum(r["output_ids"] != ar_out.get((r["prompt_id"], r.get("turn", 0), r["repeat"]))
-                   for rs in by.values() for v in rs.values() for r in v)
-        rounds = [n for r in on for n in r["accept_lengths"]]
-        vs = [o / b for o, b in zip(ratio["online"], ratio[best])]
-        rows.append({"benchmark": os.path.basename(os.path.dirname(bdir)), "online": _spread(ratio["online"]),
-                     "best": best, "best_speedup": _spread(ratio[best]),
-                     "bs16": _spread(ratio["dscout-bs16"]) if "dscout-bs16" in ratio else None,
-                     "online_vs_best": statistics.median(vs) - 1, "bs_mean": sum(chosen) / max(len(chosen), 1),
-                     "bs1_share": sum(b == 1 for b in chosen) / max(len(chosen), 1),
-                     "tau": sum(rounds) / max(len(rounds), 1),
-                     "ms_bs1": 1e3 * statistics.median(at1) if at1 else None,
-                     "ms_drafted": 1e3 * statistics.median(drafted) if drafted else None,
-                     "controller_us": 1e6 * sum(r.get("controller_seconds") or 0 for r in on) / max(len(secs), 1),
-                     "repeats": len(ratio["online"]), "mismatches": mism})
+        for key in online_keys:
+            on = [r for rs in by[key].values() for r in rs]
+            chosen = [b for r in on for b in r.get("round_block_sizes") or []]
+            secs = [s for r in on for s in r.get("round_seconds") or []]
+            at1 = [s for r in on for b, s in zip(r["round_block_sizes"], r["round_seconds"]) if b == 1]
+            drafted = [s for r in on for b, s in zip(r["round_block_sizes"], r["round_seconds"]) if b > 1]
+            mism = sum(r["output_ids"] != ar_out.get((r["prompt_id"], r.get("turn", 0), r["repeat"]))
+                       for k in ("ar", key, best) for v in by[k].values() for r in v)
+            rounds = [n for r in on for n in r["accept_lengths"]]
+            vs = [o / b for o, b in zip(ratio[key], ratio[best])]
+            first = online_keys[0]
+            rows.append({"benchmark": os.path.basename(os.path.dirname(bdir)), "method": names[key],
+                         "online": _spread(ratio[key]), "best": best, "best_speedup": _spread(ratio[best]),
+                         "bs16": _spread(ratio["dscout-bs16"]) if "dscout-bs16" in ratio else None,
+                         "online_vs_best": statistics.median(vs) - 1, "bs_mean": sum(chosen) / max(len(chosen), 1),
+                         "bs1_share": sum(b == 1 for b in chosen) / max(len(chosen), 1),
+                         "tau": sum(rounds) / max(len(rounds), 1),
+                         "ms_bs1": 1e3 * statistics.median(at1) if at1 else None,
+                         "ms_drafted": 1e3 * statistics.median(drafted) if drafted else None,
+                         "controller_us": 1e6 * sum(r.get("controller_seconds") or 0 for r in on) / max(len(secs), 1),
+                         "repeats": len(ratio[key]), "mismatches": mism,
+                         "vs_first": (_spread([x / y for x, y in zip(ratio[key], ratio[first])])
+                                      if key != first else None)})
     return rows
 
 
@@ -122,26 +131,44 @@ def main(argv=None):
     md = []
     if a.bench:
         rows = bench_rows(a.bench)
+        several = len({r["method"] for r in rows}) > 1
         md += ["## Table 3 (c = 1, T = 0): speedup vs AR, median [min, max] over repeats", "",
-               "| benchmark | DScout(online) | best fixed bs | its speedup | DScout(16) | online vs best | mean bs | "
-               "bs 1 share | τ online | ms/round bs 1 · drafted | controller µs/round | repeats | mismatches |",
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+               "| benchmark | online row | speedup | best fixed bs | its speedup | DScout(16) | online vs best | "
+               "mean bs | bs 1 share | τ online | ms/round bs 1 · drafted | controller µs/round | repeats | "
+               "mismatches |" + (" vs the first online row (same repeat) |" if several else ""),
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if several else "")]
         for r in rows:
-            md.append(f"| {r['benchmark']} | {_fmt(*r['online'])} | {r['best'].split('-bs')[1]} | "
+            md.append(f"| {r['benchmark']} | {r['method']} | {_fmt(*r['online'])} | {r['best'].split('-bs')[1]} | "
                       f"{_fmt(*r['best_speedup'])} | {_fmt(*r['bs16']) if r['bs16'] else '–'} | "
                       f"{100 * r['online_vs_best']:+.1f}% | {r['bs_mean']:.1f} | {100 * r['bs1_share']:.0f}% | "
                       f"{r['tau']:.2f} | {r['ms_bs1'] or float('nan'):.1f} · {r['ms_drafted'] or float('nan'):.1f} | "
-                      f"{r['controller_us']:.0f} | {r['repeats']} | {r['mismatches']} |")
+                      f"{r['controller_us']:.0f} | {r['repeats']} | {r['mismatches']} |"
+                      + ((f" {_fmt(*r['vs_first'])} |" if r["vs_first"] else " – |") if several else ""))
         md.append("")
     if a.serving:
         recs = _load(glob.glob(os.path.join(a.serving, "c*.jsonl")))
         md += ["## Table 4 (batched engine): throughput vs AR, median [min, max] over repeats", "",
-               "| c | DScout(online) | DScout(best) | best bs | online vs best | mean bs online | repeats |",
+               "| c | online column · speedup | DScout(best) | best bs | online vs best | mean bs online | repeats |",
                "|---|---|---|---|---|---|---|"]
-        for r in table4_rows(recs):
-            md.append(f"| {r['concurrency']} | {_fmt(r['online_speedup'], r['online_speedup_min'], r['online_speedup_max'])}"
-                      f" | {_fmt(r['best_speedup'], r['best_speedup_min'], r['best_speedup_max'])} | {r['best_bs']} | "
-                      f"{100 * r['online_vs_best']:+.1f}% | {r['online_bs_mean']:.1f} | {r['repeats']} |")
+        rows4 = table4_rows(recs)
+        for label in [k[: -len("_speedup")] for k in rows4[0] if k.startswith("online") and k.endswith("_speedup")]:
+            for r in rows4:
+                if r[f"{label}_speedup"] is None:
+                    continue
+                name = "DScout(online)" if label == "online" else f"DScout(online, {label[len('online_'):]})"
+                md.append(f"| {r['concurrency']} | {name} "
+                          f"{_fmt(r[f'{label}_speedup'], r[f'{label}_speedup_min'], r[f'{label}_speedup_max'])}"
+                          f" | {_fmt(r['best_speedup'], r['best_speedup_min'], r['best_speedup_max'])} | {r['best_bs']} | "
+                          f"{100 * r[f'{label}_vs_best']:+.1f}% | {r[f'{label}_bs_mean']:.1f} | {r['repeats']} |")
+        table = throughput_table(recs)
+        pairs = [(c, k) for c, m in table.items() for k in sorted(m) if k.startswith("dscout-online-")
+                 and "dscout-online" in m]
+        if pairs:  # each variant against DScout(online) in the same repeat (same job, same machine conditions)
+            md += ["", "Each online variant against DScout(online), per-repeat throughput ratio, median [min, max]:", "",
+                   "| c | variant | ratio |", "|---|---|---|"]
+            for c, k in pairs:
+                x = [a / b for a, b in zip(table[c][k]["speedups"], table[c]["dscout-online"]["speedups"])]
+                md.append(f"| {c} | {k[len('dscout-online-'):]} | {_fmt(*_spread(x))} |")
         md += ["", "Per batch round (median over repeats; the online rounds split by the bs chosen):", "",
                "| c | method | ms/round | τ | online: bs 1 share per repeat | ms at bs 1 · drafted | controller µs |",
                "|---|---|---|---|---|---|---|"]

@@ -274,3 +274,35 @@ def test_serving_repeats_rotate_the_methods_and_the_controller_keeps_its_statist
     assert row["repeats"] == 3
     assert row["online_speedup_min"] <= row["online_speedup"] <= row["online_speedup_max"]
     assert row["best_speedup_min"] <= row["best_speedup"] <= row["best_speedup_max"]
+
+
+def test_table4_shows_each_online_variant_beside_dscout_online(tmp_path):
+    """serving.online_variants: each ``dscout-online-<name>`` column is reported like DScout(online) (median
+    speedup over repeats with its spread, mean bs, paired ratio to DScout(best)) under its own label."""
+    from dscout.analysis.table4 import table4_rows, write_table4
+    from dscout.evaluation.serving import write_records
+    from dscout.records import make_record
+
+    # tokens per batch / seconds: AR 10 tok/s; bs 4: 12; online: 11 / 13 / 12 (repeats); variant: 14 in every repeat
+    seconds = {"ar": [1.0] * 3, "dscout-bs4": [10 / 12] * 3, "dscout-online": [10 / 11, 10 / 13, 10 / 12],
+               "dscout-online-z1": [10 / 14] * 3}
+    recs = []
+    for key, secs in seconds.items():
+        for rep, s in enumerate(secs):
+            bs = None if key == "ar" else "online" if "online" in key else 4
+            recs.append(make_record(
+                benchmark="serving", prompt_id="p", method="ar" if key == "ar" else "dscout", method_key=key,
+                drafter=None, block_size=bs, temperature=0.0, repeat=rep, concurrency=1, new_tokens=11,
+                decode_seconds=s, accept_lengths=[1] * 10, output_ids=[0] * 11, stop_reason="length",
+                batch_decode_seconds=s, **({"round_block_sizes": [2] * 10, "controller_seconds": 0.0}
+                                           if bs == "online" else {})))
+    row = table4_rows(recs)[0]
+    assert row["best_bs"] == 4 and row["best_speedup"] == pytest.approx(1.2)
+    assert row["online_speedup"] == pytest.approx(1.2) and row["online_speedup_min"] == pytest.approx(1.1)
+    assert row["online_z1_speedup"] == pytest.approx(1.4) and row["online_z1_vs_best"] == pytest.approx(1.4 / 1.2 - 1)
+    assert row["online_z1_bs_mean"] == 2
+    write_records(recs, tmp_path / "c1.jsonl")
+    write_table4([tmp_path / "c1.jsonl"], str(tmp_path / "t4"), {"target": "tiny"})
+    md = (tmp_path / "t4.md").read_text()
+    assert "DScout(online, z1)" in md and "z1 vs best" in md and "+16.7%" in md and "serving.online_variants" in md
+    assert "online_z1_speedup" in (tmp_path / "t4.csv").read_text().splitlines()[0]

@@ -30,6 +30,8 @@ def _base():
      r"methods\[0\].block_size: 'online' needs a block-diffusion drafter"),
     ({"serving": {"enabled": True, "online": True, "backend": "sglang"}},
      r"serving.online: the online block-size controller runs in this project's batched engine; SGLang has no"),
+    ({"serving": {"enabled": True, "backend": "sglang", "online_variants": [{"name": "z1", "controller": {}}]}},
+     r"serving.online_variants: the online block-size controller runs in this project's batched engine"),
 ])
 def test_check_plan_names_the_key(patch, message, monkeypatch):
     if "data_root" in patch:
@@ -124,3 +126,51 @@ def test_readme_test_command_is_what_ci_runs():
     assert ci.index(install) < ci.index(tests)
     code = [line for line in ci if line and not line.startswith("#")]
     assert not [line for line in code if line.startswith("export") or re.match(r"^[A-Z_]+=", line)], code
+
+
+ONLINE = {"name": "DScout(online)", "kind": "dscout", "drafter": "dscout", "block_size": "online"}
+
+
+@pytest.mark.parametrize("rows, serving, message", [
+    ([ONLINE, {**ONLINE, "name": "again"}], {},
+     r"methods\[1\]: row 'again' decodes exactly as methods\[0\] \('DScout\(online\)'\)"),
+    ([{**ONLINE, "controller": {"explor": 1}}], {}, r"methods\[0\].controller: 'explor' is not a setting of section"),
+    ([{**ONLINE, "controller": {"explore": -1}}], {}, r"methods\[0\].controller.explore: -1 is less than the minimum"),
+    ([{**ONLINE, "block_size": 8, "controller": {"explore": 1}}], {},
+     r"methods\[0\].controller: only a row with block_size: online has a controller"),
+    ([ONLINE], {"online_variants": [{"name": "a"}, {"name": "a", "controller": {"decay": 0.5}}]},
+     r"serving.online_variants\[1\].name: 'a' is used twice"),
+    ([ONLINE], {"online_variants": [{"name": "a", "controller": {"decay": 2}}]},
+     r"serving.online_variants\[0\].controller.decay: 2 is greater than the maximum"),
+])
+def test_online_rows_with_their_own_controller_are_checked_before_any_job(rows, serving, message):
+    """A row's (or a Table 4 variant's) own controller settings are settings of section controller with values its
+    schema allows; two rows that would decode identically (same records path) are refused, naming both."""
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    with pytest.raises(ValueError, match=message):
+        dcfg.validate_config(dcfg.deep_merge(cfg, {"methods": rows, "serving": serving}))
+
+
+def test_an_online_row_with_its_own_settings_gets_its_own_key_and_id_and_leaves_the_others_alone():
+    """Two online rows of one drafter: the second's key names its settings, its spec holds section controller
+    with them on top; the first row, and every other row, keeps the spec (so the records path) it had alone;
+    ``explore: 0`` (the default) leaves ids as they were before the knob."""
+    base = _base()
+    n = base["target"]["num_layers"]
+    alone = {s["name"]: s for s in dcfg.method_specs(base, n)}
+    row = {"name": "DScout(online, z)", "kind": "dscout", "drafter": "dscout", "block_size": "online",
+           "controller": {"explore": 0.5, "recent_strength": 10}}
+    both = dcfg.validate_config(dcfg.deep_merge(base, {"methods": [*base["methods"], row]}))
+    specs = {s["name"]: s for s in dcfg.method_specs(both, n)}
+    for name, spec in alone.items():
+        assert specs[name] == spec
+    z = specs["DScout(online, z)"]
+    assert z["controller"] == {**dcfg.controller_settings(base), "explore": 0.5, "recent_strength": 10}
+    key = dcfg.method_key(z, z["drafter_id"])
+    assert key.startswith("dscout-online-explore0.5-recent_strength10-")
+    assert key != dcfg.method_key(specs["DScout(online)"], z["drafter_id"])
+    assert "explore" not in specs["DScout(online)"]["controller"]  # explore 0: the pre-knob settings
+    assert dcfg.controller_suffix({"calibration_block_sizes": [1, 2]}).startswith("-ctl")
+    with_zero = dcfg.deep_merge(base, {"controller": {"explore": 0.0}})
+    assert dcfg.bench_id(with_zero, n) == dcfg.bench_id(base, n)
+    assert dcfg.bench_id(dcfg.deep_merge(base, {"controller": {"explore": 0.5}}), n) != dcfg.bench_id(base, n)

@@ -386,16 +386,18 @@ def cmd_serve_cpu(a):
         factories[f"dscout-bs{bs}"] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
         sizes[f"dscout-bs{bs}"] = bs
     controllers = {}
-    if st.get("online"):  # DScout(online): calibrated at this level's concurrency, one bs per batch round
+    online = ([("dscout-online", st["online"])] if st.get("online") else []) \
+        + [(f"dscout-online-{v['name']}", v["controller"]) for v in st.get("online_variants", [])]
+    for key, settings in online:  # DScout(online): calibrated at this level's concurrency, one bs per batch round
         from dscout.evaluation.methods import online_controller, typical_context_tokens
 
         probe = BlockDiffusionProposer(loaded["dscout"])
-        ctl = online_controller(target, probe, st["online"], concurrency=a.concurrency,
+        ctl = online_controller(target, probe, settings, concurrency=a.concurrency,
                                 context_tokens=typical_context_tokens([len(p) for p in prompts], st["max_new_tokens"]))
-        ctl.latency.to_json(Path(a.out).with_suffix(".latency-dscout-online.json"))
-        factories["dscout-online"] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
-        sizes["dscout-online"] = probe.max_block_size
-        controllers["dscout-online"] = ctl
+        ctl.latency.to_json(Path(a.out).with_suffix(f".latency-{key}.json"))
+        factories[key] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
+        sizes[key] = probe.max_block_size
+        controllers[key] = ctl
     records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops,
                               controllers=controllers, repeats=st.get("repeats", 1))
     write_records(records, a.out)

@@ -111,10 +111,51 @@ def validate_config(config: dict, source: str = "config") -> dict:
 
 def _check_references(config: dict) -> None:
     drafters = config.get("drafters", {})
+    keys: dict[str, int] = {}
     for i, m in enumerate(config.get("methods", [])):
         if m.get("drafter") and m["drafter"] not in drafters:
             raise ValueError(f"methods[{i}].drafter: '{m['drafter']}' is not a key of 'drafters' "
                              f"({', '.join(drafters) or 'none defined'})")
+        if "controller" in m and m.get("block_size") != "online":
+            raise ValueError(f"methods[{i}].controller: only a row with block_size: online has a controller "
+                             f"(row '{m['name']}' has block_size {m.get('block_size')})")
+        key = method_key({**m, "controller_overrides": m.get("controller")}, m.get("drafter"))
+        if key in keys:
+            raise ValueError(f"methods[{i}]: row '{m['name']}' decodes exactly as methods[{keys[key]}] "
+                             f"('{config['methods'][keys[key]]['name']}'): same kind, drafter, block size and "
+                             "settings; give one of them its own settings (e.g. controller) or drop it")
+        keys[key] = i
+    variants = (config.get("serving") or {}).get("online_variants") or []
+    names = [v["name"] for v in variants]
+    for j, name in enumerate(names):
+        if name in names[:j]:
+            raise ValueError(f"serving.online_variants[{j}].name: '{name}' is used twice")
+    _check_controller_overrides(
+        [(f"methods[{i}].controller", m.get("controller")) for i, m in enumerate(config.get("methods", []))]
+        + [(f"serving.online_variants[{j}].controller", v.get("controller")) for j, v in enumerate(variants)])
+
+
+def _check_controller_overrides(places: list[tuple[str, dict | None]]) -> None:
+    """Each override (``methods[i].controller``, ``serving.online_variants[j].controller``) names settings of
+    section ``controller`` with values its schema allows (checked without filling defaults: a row's settings are
+    only the ones it changes).
+
+    Raises:
+        ValueError: naming the key path and the setting.
+    """
+    import jsonschema
+
+    schema = load_schema()
+    props = schema["properties"]["controller"]["properties"]
+    cls = jsonschema.validators.validator_for(schema)
+    for where, overrides in places:
+        for k, v in (overrides or {}).items():
+            if k not in props:
+                raise ValueError(f"{where}: '{k}' is not a setting of section controller ({', '.join(props)})")
+            sub = {kk: vv for kk, vv in props[k].items() if kk not in ("default", "description")}
+            err = next(iter(cls(sub).iter_errors(v)), None)
+            if err is not None:
+                raise ValueError(f"{where}.{k}: {err.message}")
 
 
 def _max_horizon(variant: dict) -> int | None:
@@ -222,6 +263,9 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
         problems.append("serving.online: the online block-size controller runs in this project's batched engine; "
                         "SGLang has no per-round block-size hook (docs/online_controller.md): set serving.online: "
                         "false or serving.backend: batched")
+    if s.get("enabled") and s.get("online_variants") and s.get("backend") == "sglang":
+        problems.append("serving.online_variants: the online block-size controller runs in this project's batched "
+                        "engine; SGLang has no per-round block-size hook: drop them or set serving.backend: batched")
     if s.get("enabled"):
         horizon_check("serving.dflash_drafter", s["dflash_drafter"], 16)
         for bs in s.get("block_sizes", []):
@@ -427,14 +471,41 @@ def drafter_id(cfg: dict, name: str, num_target_layers: int) -> str:
     return f"{name}-{shape}-{short_hash(st)}"
 
 
+def controller_settings(cfg: dict, overrides: dict | None = None) -> dict:
+    """The settings an online controller runs with: section ``controller`` with a row's overrides on top.
+
+    ``explore: 0`` (its default: the controller as it was before the knob existed) is left out, so that the ids of
+    configs written before it are unchanged; :class:`~dscout.decoding.controller.BlockSizeController` defaults it
+    to 0.
+    """
+    settings = {**cfg["controller"], **(overrides or {})}
+    if settings.get("explore", 0) == 0:
+        settings.pop("explore", None)
+    return settings
+
+
+def controller_suffix(overrides: dict | None) -> str:
+    """Method-key suffix of an online row with its own controller settings, e.g. ``-explore0.5-recent_strength10``
+    (``-ctl<hash>`` when a setting is a list or the suffix would be long); empty without overrides."""
+    if not overrides:
+        return ""
+    parts = [f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in sorted(overrides.items())]
+    suffix = "-" + "-".join(parts)
+    if any(isinstance(v, (list, dict)) for v in overrides.values()) or len(suffix) > 48:
+        suffix = f"-ctl{short_hash(overrides)}"
+    return suffix
+
+
 def method_key(spec: dict, drafter_id: str | None) -> str:
-    """File-safe key of a method row, e.g. ``dscout-bs16-<drafter id>``."""
+    """File-safe key of a method row, e.g. ``dscout-bs16-<drafter id>``, ``dscout-online-explore0.5-<drafter id>``
+    (an online row with its own ``controller`` settings)."""
     import re
 
     bs = spec.get("block_size")
     key = spec["kind"] + ("-online" if bs == "online" else f"-bs{bs}" if bs else "")
     key += (f"-k{spec['topk']}" if spec.get("topk") else "") + (f"-d{spec['depth']}" if spec.get("depth") else "")
     key += "-nofeat" if spec.get("use_features") is False else ""
+    key += controller_suffix(spec.get("controller_overrides"))
     if drafter_id:
         key += f"-{drafter_id}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", key)
@@ -448,7 +519,9 @@ def method_specs(cfg: dict, num_target_layers: int) -> list[dict]:
         if m.get("drafter"):
             spec["drafter_id"] = drafter_id(cfg, m["drafter"], num_target_layers)
         if m.get("block_size") == "online":  # its records depend on the controller's settings
-            spec["controller"] = dict(cfg["controller"])
+            spec["controller"] = controller_settings(cfg, m.get("controller"))
+            if m.get("controller"):  # the row's own settings: in its key, beside another online row
+                spec["controller_overrides"] = dict(m["controller"])
         specs.append(spec)
     return specs
 
@@ -693,7 +766,10 @@ def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     s, b, t = cfg["serving"], cfg["benchmarks"], cfg["target"]
     extra = {}
     if s.get("online"):  # only when set, so that configs without it keep their ids
-        extra["online"] = dict(cfg["controller"])
+        extra["online"] = controller_settings(cfg)
+    if s.get("online_variants"):  # only when set, so that configs without it keep their ids
+        extra["online_variants"] = [{"name": v["name"], "controller": controller_settings(cfg, v.get("controller"))}
+                                    for v in s["online_variants"]]
     if s.get("eagle3_drafter"):  # only when set, so that configs without it keep their ids
         name = s["eagle3_drafter"]
         row = next((m for m in cfg["methods"] if m["kind"] == "eagle3" and m.get("drafter") == name), {})

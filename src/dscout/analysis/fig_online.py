@@ -19,7 +19,8 @@ def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) 
 
     Args:
         record_paths: Table 3 records (files or folders); the online rows (``block_size == "online"``) are used.
-        latency_paths: the ``latency-<method key>.json`` files the benchmark jobs saved (one per benchmark).
+        latency_paths: the ``latency-<method key>.json`` files the benchmark jobs saved (one per benchmark and
+            online row; each row's rounds are compared with its own model).
     Returns:
         ``{"rounds": n, "median_abs_error": fraction, "mean_bs": ...}`` (also written as ``<prefix>.json``).
     Raises:
@@ -32,7 +33,7 @@ def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) 
     latency = {}
     for p in latency_paths:
         bench = Path(p).parent.parent.name  # results/bench/<id>/<benchmark>/t0/latency-<key>.json
-        latency[bench] = LatencyModel.from_json(p)
+        latency[bench, Path(p).stem[len("latency-"):]] = LatencyModel.from_json(p)
     # the generation where the controller moved most: most distinct bs chosen, then most rounds
     longest = max((r for r in recs if r["repeat"] == 0),
                   key=lambda r: (len(set(r["round_block_sizes"])), len(r["accept_lengths"])))
@@ -47,16 +48,16 @@ def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) 
     ax.legend(fontsize=8)
     errors, mean_bs = [], []
     for bench in sorted({r["benchmark"] for r in recs}):
-        if bench not in latency:
-            continue
         pred, meas = [], []
-        for r in (r for r in recs if r["benchmark"] == bench):
+        for r in (r for r in recs if r["benchmark"] == bench and (bench, r["method_key"]) in latency):
+            model = latency[bench, r["method_key"]]  # each online row calibrated its own model
             for bs, n, secs in zip(r["round_block_sizes"], r["accept_lengths"], r.get("round_seconds") or []):
-                pred.append(1e3 * latency[bench].round_seconds(bs, 1, committed=n))
+                pred.append(1e3 * model.round_seconds(bs, 1, committed=n))
                 meas.append(1e3 * secs)
             mean_bs += r["round_block_sizes"]
         errors += [abs(p - m) / m for p, m in zip(pred, meas) if m > 0]
-        bx.scatter(pred, meas, s=6, alpha=0.5, label=bench)
+        if pred:
+            bx.scatter(pred, meas, s=6, alpha=0.5, label=bench)
     lim = bx.get_xlim()[1] if errors else 1.0
     bx.plot([0, lim], [0, lim], color="grey", lw=0.8)
     med = statistics.median(errors) if errors else None

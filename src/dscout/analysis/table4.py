@@ -72,7 +72,6 @@ def table4_rows(records: list[dict]) -> list[dict]:
     rows = []
     for c, m in throughput_table(records).items():
         dscout = {k: v for k, v in m.items() if v["kind"] == "dscout" and v["block_size"] != "online"}
-        online = next((v for v in m.values() if v["block_size"] == "online"), None)
         best_key = max(dscout, key=lambda k: dscout[k]["speedup"]) if dscout else None
         fixed16 = next((v for v in dscout.values() if v["block_size"] == 16), None)
         row = {"concurrency": c, "ar_tokens_per_s": m["ar"]["throughput"], "repeats": m["ar"]["repeats"]}
@@ -88,16 +87,31 @@ def table4_rows(records: list[dict]) -> list[dict]:
         row["best_speedup_max"] = best["speedup_max"] if best else None
         row["best_mat"] = best["mat"] if best else None
         row["selection_gain"] = best["throughput"] / fixed16["throughput"] - 1 if best and fixed16 else None
-        row["online_speedup"] = online["speedup"] if online else None
-        row["online_speedup_min"] = online["speedup_min"] if online else None
-        row["online_speedup_max"] = online["speedup_max"] if online else None
-        row["online_mat"] = online["mat"] if online else None
-        row["online_bs_mean"] = online["bs_mean"] if online else None
-        row["online_overhead_us_per_round"] = online["overhead_us"] if online else None
-        row["online_vs_best"] = (_median([o / b for o, b in zip(online["speedups"], best["speedups"])]) - 1
-                                 if online and best else None)
+        onlines = {k: v for k, v in m.items() if v["block_size"] == "online"}
+        for key in sorted(onlines, key=lambda k: (k != "dscout-online", k)) or ["dscout-online"]:
+            online, label = onlines.get(key), online_label(key)
+            row[f"{label}_speedup"] = online["speedup"] if online else None
+            row[f"{label}_speedup_min"] = online["speedup_min"] if online else None
+            row[f"{label}_speedup_max"] = online["speedup_max"] if online else None
+            row[f"{label}_mat"] = online["mat"] if online else None
+            row[f"{label}_bs_mean"] = online["bs_mean"] if online else None
+            row[f"{label}_overhead_us_per_round"] = online["overhead_us"] if online else None
+            row[f"{label}_vs_best"] = (_median([o / b for o, b in zip(online["speedups"], best["speedups"])]) - 1
+                                       if online and best else None)
         rows.append(row)
     return rows
+
+
+def online_label(key: str) -> str:
+    """Field prefix of an online column: ``online`` for ``dscout-online`` (section ``controller``),
+    ``online_<name>`` for ``dscout-online-<name>`` (``serving.online_variants``)."""
+    return "online" if key == "dscout-online" else "online_" + key[len("dscout-online-"):]
+
+
+def _online_labels(rows: list[dict]) -> list[str]:
+    """The online columns present in ``rows`` (``online`` first), in their field order."""
+    labels = [k[: -len("_speedup")] for k in rows[0] if k.startswith("online") and k.endswith("_speedup")]
+    return [l for l in labels if any(r[f"{l}_speedup"] is not None for r in rows)]
 
 
 def _spread(row: dict, label: str) -> str:
@@ -121,10 +135,16 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
         w.writeheader()
         w.writerows(rows)
     eagle3 = any(r["eagle3_speedup"] is not None for r in rows)
-    online = any(r["online_speedup"] is not None for r in rows)
+    labels = _online_labels(rows)
+    online = bool(labels)
+
+    def name(label: str) -> str:
+        return "DScout(online)" if label == "online" else f"DScout(online, {label[len('online_'):]})"
+
     head = ["c", "AR (tok/s)", *(["EAGLE-3"] if eagle3 else []), "DFlash(16)", "DScout(16)", "DScout(32)",
             "DScout(best)", "best bs", "gain of selection",
-            *(["DScout(online)", "mean bs chosen", "online vs best", "controller µs/round"] if online else [])]
+            *[h for l in labels for h in (name(l), "mean bs chosen", "online vs best" if l == "online" else f"{l[len('online_'):]} vs best",
+                                          "controller µs/round")]]
     cells = [[str(r["concurrency"]), _f(r["ar_tokens_per_s"], "{:.1f}"),
               *([f"{_f(r['eagle3_speedup'])}× τ{_f(r['eagle3_mat'])}"] if eagle3 else []),
               f"{_f(r['dflash16_speedup'])}× τ{_f(r['dflash16_mat'])}",
@@ -132,10 +152,11 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
               f"{_f(r['dscout32_speedup'])}× τ{_f(r['dscout32_mat'])}",
               f"{_f(r['best_speedup'])}× {_spread(r, 'best')}τ{_f(r['best_mat'])}", str(r["best_bs"]),
               _f(None if r["selection_gain"] is None else 100 * r["selection_gain"], "{:+.1f}%"),
-              *([f"{_f(r['online_speedup'])}× {_spread(r, 'online')}τ{_f(r['online_mat'])}",
-                 _f(r["online_bs_mean"], "{:.1f}"),
-                 _f(None if r["online_vs_best"] is None else 100 * r["online_vs_best"], "{:+.1f}%"),
-                 _f(r["online_overhead_us_per_round"], "{:.0f}")] if online else [])] for r in rows]
+              *[cell for l in labels for cell in (
+                  f"{_f(r[f'{l}_speedup'])}× {_spread(r, l)}τ{_f(r[f'{l}_mat'])}",
+                  _f(r[f"{l}_bs_mean"], "{:.1f}"),
+                  _f(None if r[f"{l}_vs_best"] is None else 100 * r[f"{l}_vs_best"], "{:+.1f}%"),
+                  _f(r[f"{l}_overhead_us_per_round"], "{:.0f}"))]] for r in rows]
     if stage.get("backend") == "sglang":
         how = ("SGLang servers, one per method on loopback: AR, EAGLE-3 (EAGLE3), DFlash and DScout (DFLASH), "
                "closed-loop client with c requests in flight")
@@ -151,6 +172,8 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
                + (" DScout(online): the online block-size controller picks one bs per batch round from the batch's "
                   "recent acceptance and a latency model calibrated at start-up (docs/online_controller.md); "
                   "'online vs best' compares it with the offline per-c choice, picked after the fact."
+                  + (" DScout(online, <name>): the same controller with the settings of serving.online_variants "
+                     "<name>, in the same job." if any(l != "online" for l in labels) else "")
                   if online else ""))
     md = ["# Table 4 — serving throughput at concurrency c", "", caption, "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
