@@ -276,15 +276,15 @@ def test_smoke_dag_runs_the_online_block_size_controller(smoke_run):
     for r in online:
         assert len(r["round_block_sizes"]) == len(r["accept_lengths"]) == len(r["round_seconds"])
         assert all(1 <= n <= b <= r["max_block_size"] for n, b in zip(r["accept_lengths"], r["round_block_sizes"]))
-    # two online rows (the second with its own controller settings, {explore: 0.5}): one latency model each per job
+    # two online rows (the second with its own controller settings, {explore: 0}): one latency model each per job
     latency = list((work / "results/bench").rglob("t0/latency-dscout-online-*.json"))
     assert len(latency) == 12 and {s["part"] for s in json.loads(latency[0].read_text())["samples"]} == {
         "draft", "verify"}  # the catch-up (deferred commits) is timed inside draft forwards
-    assert sum("-explore0.5-" in p.name for p in latency) == 6
-    assert {r["method_name"] for r in online} == {"DScout(online)", "DScout(online, explore 0.5)"}
+    assert sum("-explore0-" in p.name for p in latency) == 6
+    assert {r["method_name"] for r in online} == {"DScout(online)", "DScout(online, explore 0)"}
     table = (work / "results/tables/table3.md").read_text()
     assert "DScout(online) against the fixed block sizes" in table and "Within 3% of the oracle" in table
-    assert "DScout(online, explore 0.5) against the fixed block sizes" in table
+    assert "DScout(online, explore 0) against the fixed block sizes" in table
     assert (work / "results/figures/fig_online.png").stat().st_size > 0
     assert json.loads((work / "results/figures/fig_online.json").read_text())["rounds"] == sum(
         len(r["round_block_sizes"]) for r in online if r["temperature"] == 0)
@@ -299,11 +299,11 @@ def test_smoke_dag_renders_table4_from_batched_serving(smoke_artifacts_run):
     ar = {(r["concurrency"], r["prompt_id"]): r["output_ids"] for r in records if r["method"] == "ar"}
     assert all(r["output_ids"] == ar[(r["concurrency"], r["prompt_id"])] for r in records)
     assert {r["block_size"] for r in records if r["method_key"] == "dscout-online"} == {"online"}
-    assert {r["block_size"] for r in records if r["method_key"] == "dscout-online-explore0.5"} == {"online"}
+    assert {r["block_size"] for r in records if r["method_key"] == "dscout-online-explore0"} == {"online"}
     assert "DScout(online)" in (work / "results/tables/table4.md").read_text()
-    assert "DScout(online, explore0.5)" in (work / "results/tables/table4.md").read_text()
-    assert "online_vs_best" in rows[0] and "online_explore0.5_vs_best" in rows[0]
-    assert len(list((work / "results/serving").rglob("*.latency-dscout-online-explore0.5.json"))) == 2
+    assert "DScout(online, explore0)" in (work / "results/tables/table4.md").read_text()
+    assert "online_vs_best" in rows[0] and "online_explore0_vs_best" in rows[0]
+    assert len(list((work / "results/serving").rglob("*.latency-dscout-online-explore0.json"))) == 2
 
 
 @pytest.mark.slow

@@ -154,23 +154,25 @@ def test_online_rows_with_their_own_controller_are_checked_before_any_job(rows, 
 def test_an_online_row_with_its_own_settings_gets_its_own_key_and_id_and_leaves_the_others_alone():
     """Two online rows of one drafter: the second's key names its settings, its spec holds section controller
     with them on top; the first row, and every other row, keeps the spec (so the records path) it had alone;
-    ``explore: 0`` (the default) leaves ids as they were before the knob."""
+    the defaults (explore 0.5, recent_strength 10) are in every online spec, and setting them explicitly changes no id,
+    while the pre-2026-12-06 controller (explore 0) gets ids of its own."""
     base = _base()
     n = base["target"]["num_layers"]
     alone = {s["name"]: s for s in dcfg.method_specs(base, n)}
     row = {"name": "DScout(online, z)", "kind": "dscout", "drafter": "dscout", "block_size": "online",
-           "controller": {"explore": 0.5, "recent_strength": 10}}
+           "controller": {"explore": 0.0, "recent_strength": 2}}
     both = dcfg.validate_config(dcfg.deep_merge(base, {"methods": [*base["methods"], row]}))
     specs = {s["name"]: s for s in dcfg.method_specs(both, n)}
     for name, spec in alone.items():
         assert specs[name] == spec
     z = specs["DScout(online, z)"]
-    assert z["controller"] == {**dcfg.controller_settings(base), "explore": 0.5, "recent_strength": 10}
+    assert z["controller"] == {**dcfg.controller_settings(base), "explore": 0.0, "recent_strength": 2}
     key = dcfg.method_key(z, z["drafter_id"])
-    assert key.startswith("dscout-online-explore0.5-recent_strength10-")
+    assert key.startswith("dscout-online-explore0-recent_strength2-")
     assert key != dcfg.method_key(specs["DScout(online)"], z["drafter_id"])
-    assert "explore" not in specs["DScout(online)"]["controller"]  # explore 0: the pre-knob settings
+    assert specs["DScout(online)"]["controller"]["explore"] == 0.5  # the defaults
+    assert specs["DScout(online)"]["controller"]["recent_strength"] == 10
     assert dcfg.controller_suffix({"calibration_block_sizes": [1, 2]}).startswith("-ctl")
     with_zero = dcfg.deep_merge(base, {"controller": {"explore": 0.0}})
-    assert dcfg.bench_id(with_zero, n) == dcfg.bench_id(base, n)
-    assert dcfg.bench_id(dcfg.deep_merge(base, {"controller": {"explore": 0.5}}), n) != dcfg.bench_id(base, n)
+    assert dcfg.bench_id(with_zero, n) != dcfg.bench_id(base, n)
+    assert dcfg.bench_id(dcfg.deep_merge(base, {"controller": {"explore": 0.5}}), n) == dcfg.bench_id(base, n)

@@ -474,14 +474,10 @@ def drafter_id(cfg: dict, name: str, num_target_layers: int) -> str:
 def controller_settings(cfg: dict, overrides: dict | None = None) -> dict:
     """The settings an online controller runs with: section ``controller`` with a row's overrides on top.
 
-    ``explore: 0`` (its default: the controller as it was before the knob existed) is left out, so that the ids of
-    configs written before it are unchanged; :class:`~dscout.decoding.controller.BlockSizeController` defaults it
-    to 0.
+    Every setting is kept, ``explore: 0`` included: since 2026-12-06 the controller's default is ``explore: 0.5``
+    (:class:`~dscout.decoding.controller.BlockSizeController`), so 0 is a choice the records' ids must name.
     """
-    settings = {**cfg["controller"], **(overrides or {})}
-    if settings.get("explore", 0) == 0:
-        settings.pop("explore", None)
-    return settings
+    return {**cfg["controller"], **(overrides or {})}
 
 
 def controller_suffix(overrides: dict | None) -> str:

@@ -28,7 +28,7 @@ CPU default (docs/online_controller.md): with one time scale decaying by 0.9 on 
 about every other round where no draft is ever accepted; with the idle rounds' slow decay on that one scale it got
 stuck at bs 1 after a bad stretch where bs 4 pays (GSM8K, 127 of 127 rounds of a repeat at bs 1).
 
-Exploration under uncertainty (``explore``, off by default). With point estimates a few unlucky probes decide a
+Exploration under uncertainty (``explore``; the controller's default 0.5 since 2026-12-06). With point estimates a few unlucky probes decide a
 job: on the CPU default's MBPP (first-draft acceptance 0.25, break-even near 0.18) a fresh controller's first four
 probes were all rejected, its long-run ``a_1`` fell from the prior 0.5 to 0.17, and it stayed at bs 1 for the next
 two generations. With ``explore = z`` the long-run rate the recent one is shrunk towards is its Beta posterior's
@@ -213,7 +213,7 @@ class BlockSizeController:
                  prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64,
                  idle_decay: float = 0.998, time_weight: float = 0.1, long_decay: float = 0.99,
                  time_relax: float = 0.003, baseline_round: bool = True, time_clip: float | None = 1.1,
-                 recent_strength: float | None = None, explore: float = 0.0):
+                 recent_strength: float | None = 10.0, explore: float = 0.5):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
