@@ -64,7 +64,7 @@ def main(argv=None):
         item = stage_prompts({"num_prompts": {b: 1}, "seed": 0}, b, data_root(a.data_root))[0]
         prompts.append((b, chat_prompt_ids(target.tokenizer, [{"role": "user", "content": item.turns[0]}], None,
                                            False)))
-    ctx = statistics.median(len(ids) for _, ids in prompts) + a.max_new_tokens // 2
+    ctx = int(statistics.median(len(ids) for _, ids in prompts)) + a.max_new_tokens // 2  # an even count gives a float median
     methods = build_methods(target, specs, {"dscout": a.drafter}, stops, cpu_packed_linear=True, context_tokens=ctx)
     ar, online, bs4 = (m.engine for m in methods)
     ar_taps = SpeculativeEngine(target, None, stops)
