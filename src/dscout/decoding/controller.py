@@ -28,14 +28,14 @@ CPU default (docs/online_controller.md): with one time scale decaying by 0.9 on 
 about every other round where no draft is ever accepted; with the idle rounds' slow decay on that one scale it got
 stuck at bs 1 after a bad stretch where bs 4 pays (GSM8K, 127 of 127 rounds of a repeat at bs 1).
 
-Exploration under uncertainty (``explore``; the controller's default 0.5 since 2026-12-06). With point estimates a few unlucky probes decide a
-job: on the CPU default's MBPP (first-draft acceptance 0.25, break-even near 0.18) a fresh controller's first four
-probes were all rejected, its long-run ``a_1`` fell from the prior 0.5 to 0.17, and it stayed at bs 1 for the next
-two generations. With ``explore = z`` the long-run rate the recent one is shrunk towards is its Beta posterior's
-mean plus ``z`` standard deviations, ``m + z sqrt(m (1 - m) / (n + prior_strength + 1))``: wide after four trials
-(+0.07 at z = 0.5), negligible after a few hundred (+0.02), so the controller keeps probing until the interval
-clears break-even and then follows the mean. Where drafting never pays it probes a little more often (simulated:
-0.986× AR instead of 0.991× at z = 0.5; 0.965× at z = 2).
+Exploration under uncertainty (``explore``; 0.5 by default since 2026-12-06). With point estimates a few unlucky
+probes decide a job: on the CPU default's MBPP (first-draft acceptance 0.25, break-even near 0.18) a fresh
+controller's first four probes were all rejected, its long-run ``a_1`` fell from the prior 0.5 to 0.17, and it
+stayed at bs 1 for the next two generations. With ``explore = z`` the long-run rate the recent one is shrunk towards
+is its Beta posterior's mean plus ``z`` standard deviations, ``m + z sqrt(m (1 - m) / (n + prior_strength + 1))``:
+wide after four trials (+0.07 at z = 0.5), negligible after a few hundred (+0.02), so the controller keeps probing
+until the interval clears break-even and then follows the mean. Where drafting never pays it probes a little more
+often (simulated: 0.986× AR instead of 0.991× at z = 0.5; 0.965× at z = 2).
 
 Measured round times. The calibrated model is fitted once, at start-up, on a fresh short context; the rounds of a
 real run can cost more (a longer cache, the batched engine's masked slots of rejected drafts, machine load). After
