@@ -80,7 +80,8 @@ def test_serving_records_and_table4_pick_the_best_block_size(target, tmp_path):
     prompts = _prompts(3, 11)
     recs = []
     for c in (1, 3):
-        recs += serving_records(target, factories, prompts, ["a", "b", "c"], c, 10, sizes, [0])
+        recs += serving_records(target, factories, prompts, ["a", "b", "c"], c, 10, sizes, [0],
+                                interleave="batch" if c == 1 else "round")  # both ways of sharing the machine
     assert {r["concurrency"] for r in recs} == {1, 3} and sum(r["concurrency"] == 3 for r in recs) == 3 * 4
     ar = {(r["concurrency"], r["prompt_id"]): r["output_ids"] for r in recs if r["method"] == "ar"}
     assert all(r["output_ids"] == ar[(r["concurrency"], r["prompt_id"])] for r in recs)  # lossless per request
@@ -270,6 +271,8 @@ def test_serving_repeats_rotate_the_methods_and_the_controller_keeps_its_statist
     assert sum(ctl.timed.values()) == online_rounds - 3
     with pytest.raises(ValueError, match="repeats"):
         serving_records(target, factories, prompts, ["a", "b", "c"], 3, 9, sizes, [], repeats=0)
+    with pytest.raises(ValueError, match="interleave"):
+        serving_records(target, factories, prompts, ["a", "b", "c"], 3, 9, sizes, [], interleave="method")
     row = table4_rows(recs)[0]
     assert row["repeats"] == 3
     assert row["online_speedup_min"] <= row["online_speedup"] <= row["online_speedup_max"]
@@ -306,3 +309,54 @@ def test_table4_shows_each_online_variant_beside_dscout_online(tmp_path):
     md = (tmp_path / "t4.md").read_text()
     assert "DScout(online, z1)" in md and "z1 vs best" in md and "+16.7%" in md and "serving.online_variants" in md
     assert "online_z1_speedup" in (tmp_path / "t4.csv").read_text().splitlines()[0]
+
+
+def test_lockstep_steps_each_generator_in_turn_with_the_order_rotated_per_cycle():
+    from dscout.evaluation.serving import _lockstep
+
+    log = []
+
+    def gen(name, n):  # n + 1 steps: n yields, then the return
+        for i in range(n):
+            log.append(f"{name}{i + 1}")
+            yield
+        log.append(f"{name}{n + 1}")
+        return name.upper()
+
+    out = _lockstep({"a": gen("a", 2), "b": gen("b", 0), "c": gen("c", 1)})
+    assert out == {"a": "A", "b": "B", "c": "C"}
+    # cycle 0 from a: a1 b1(b returns) c1; cycle 1 from the 2nd live key (c): c2(returns) a2; cycle 2: a3
+    assert log == ["a1", "b1", "c1", "c2", "a2", "a3"]
+
+
+def test_interleaved_engines_match_generate_and_time_only_their_own_rounds(target):
+    """Round-by-round interleaving (Table 4's default): each engine's output equals its own generate() and AR's,
+    and its decode seconds are the sum of its rounds (draft + verify), not the time other work took between its
+    steps (here another 'engine' that sleeps 0.2 s per step)."""
+    import time
+
+    from dscout.evaluation.serving import _lockstep
+
+    d = tiny_drafter(target, layers=1, block_size=8)
+    prompts = _prompts(3, 11)
+    ar = BatchedSpeculativeEngine(target, None, stop_token_ids=[0])
+    spec = BatchedSpeculativeEngine(target, lambda: BlockDiffusionProposer(d), stop_token_ids=[0])
+    alone = spec.generate(prompts, 12, block_size=4)
+
+    def sleeper(steps):
+        for _ in range(steps):
+            time.sleep(0.2)
+            yield
+
+    outs = _lockstep({"ar": ar.steps(prompts, 12), "bs4": spec.steps(prompts, 12, 4), "sleep": sleeper(6)})
+    ref = ar.generate(prompts, 12)
+    assert [r.output_ids for r in outs["ar"].results] == [r.output_ids for r in ref.results]
+    assert [r.output_ids for r in outs["bs4"].results] == [r.output_ids for r in alone.results]
+    assert [r.accept_lengths for r in outs["bs4"].results] == [r.accept_lengths for r in alone.results]
+    for key in ("ar", "bs4"):
+        b = outs[key]
+        rounds = sum(b.draft_seconds) + sum(b.verify_seconds)
+        assert rounds <= b.decode_seconds <= rounds + 0.01 * len(b.verify_seconds)
+        assert b.decode_seconds < 0.2 * 5  # the sleeper's seconds (1.2 s) are not this engine's
+    with pytest.raises(ValueError, match="non-empty"):
+        next(ar.steps([], 4))

@@ -399,7 +399,8 @@ def cmd_serve_cpu(a):
         sizes[key] = probe.max_block_size
         controllers[key] = ctl
     records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops,
-                              controllers=controllers, repeats=st.get("repeats", 1))
+                              controllers=controllers, repeats=st.get("repeats", 1),
+                              interleave=st.get("interleave", "batch"))
     write_records(records, a.out)
     write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
 

@@ -766,6 +766,8 @@ def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     if s.get("online_variants"):  # only when set, so that configs without it keep their ids
         extra["online_variants"] = [{"name": v["name"], "controller": controller_settings(cfg, v.get("controller"))}
                                     for v in s["online_variants"]]
+    if s["backend"] == "batched":
+        extra["interleave"] = s["interleave"]
     if s.get("eagle3_drafter"):  # only when set, so that configs without it keep their ids
         name = s["eagle3_drafter"]
         row = next((m for m in cfg["methods"] if m["kind"] == "eagle3" and m.get("drafter") == name), {})

@@ -20,7 +20,9 @@ row runs in a wider matrix product). Greedy only (Table 4 is greedy).
 
 Timings: per round, the drafting of all requests with the controller and bookkeeping (``draft_seconds``), the
 drafter's own calls in it (``drafter_seconds``: drafts + catch-up) and the shared verify (``verify_seconds``);
-per batch, the wall time of the decode loop. Throughput = committed tokens / wall seconds.
+per batch, the decode seconds: the sum of the rounds' wall times (:meth:`BatchedSpeculativeEngine.steps` lets a
+caller interleave engines round by round; the time between an engine's rounds is not its own). Throughput =
+committed tokens / decode seconds.
 """
 
 from __future__ import annotations
@@ -94,13 +96,34 @@ class BatchedSpeculativeEngine:
         self.layer_ids = list(probe.layer_ids) if probe is not None else []
         self.batched_draft = batched_draft and callable(getattr(probe, "batched", None))
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, block_size: int = 1) -> BatchResult:
         """Decode ``prompts`` together; returns per-request results in input order.
 
         Raises:
             ValueError: for an empty batch, an empty prompt or ``max_new_tokens < 1``.
         """
+        steps = self.steps(prompts, max_new_tokens, block_size)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    @torch.no_grad()  # on a generator function torch enters the context around each resume: nothing leaks
+    def steps(self, prompts: list[list[int]], max_new_tokens: int, block_size: int = 1):
+        """:meth:`generate` one step at a time: a generator that yields after the prefill and after every round.
+
+        The caller may run other work between steps (Table 4 interleaves the methods' engines round by round,
+        :func:`dscout.evaluation.serving.serving_records`, so that the machine's drift hits every method alike):
+        ``decode_seconds`` is the sum of this engine's own round times, never the time spent outside it.
+
+        Returns (as the generator's ``StopIteration.value``): the :class:`BatchResult`.
+        Raises:
+            ValueError: for an empty batch, an empty prompt or ``max_new_tokens < 1`` (at the first step).
+        """
+        return (yield from self._steps(prompts, max_new_tokens, block_size))
+
+    def _steps(self, prompts: list[list[int]], max_new_tokens: int, block_size: int):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("need at least one non-empty prompt")
         if max_new_tokens < 1:
@@ -140,6 +163,8 @@ class BatchedSpeculativeEngine:
                 results[-1].stop_reason = "stop_token"
         t1 = time.perf_counter()
         batch = BatchResult(results=results, prefill_seconds=t1 - t0)
+        yield  # the prefill is one step
+        busy = 0.0  # this engine's own decode seconds (its rounds), whatever runs between the steps
         keys = valid  # [B, S]: which cache slots hold committed tokens
         spent = self.controller.overhead_seconds if self.controller is not None else 0.0
         first_round = True  # its time is not fed back: the first decode after a prefill pays one-off costs
@@ -232,7 +257,10 @@ class BatchedSpeculativeEngine:
             first_round = False
             batch.draft_seconds.append((tb - ta) + (td - tc))
             batch.verify_seconds.append(tc - tb)
-        batch.decode_seconds = time.perf_counter() - t1
+            busy += time.perf_counter() - ta
+            if any(active):
+                yield
+        batch.decode_seconds = busy
         if self.controller is not None:
             batch.controller_seconds = self.controller.overhead_seconds - spent
         for r in results:

@@ -20,12 +20,17 @@ from ..records import controller_fields, make_record
 def serving_records(target, proposer_factories: dict[str, tuple[str, str, object]], prompts: list[list[int]],
                     prompt_ids: list[str], concurrency: int, max_new_tokens: int, block_sizes: dict[str, int],
                     stop_ids: list[int], repeat: int = 0, controllers: dict | None = None,
-                    repeats: int = 1) -> list[dict]:
+                    repeats: int = 1, interleave: str = "round") -> list[dict]:
     """Decode ``prompts[:concurrency]`` as one batch per method and repeat; one record per request and repeat.
 
-    The repeats run method after method in an order rotated by one each repeat (as the bench stage does), so every
-    method's repeat r is timed under the same machine conditions as the others' repeat r; Table 4 takes each
-    repeat's ratio to AR's and reports the median and spread over repeats. An online controller keeps its
+    ``interleave="round"`` (default): in each repeat the methods' batches advance together, one engine step (the
+    prefill, then one draft-verify round) per method in turn, the turn order rotated by one every step; each
+    method's decode seconds are its own rounds' (:meth:`~dscout.decoding.batched.BatchedSpeculativeEngine.steps`).
+    Drift of the machine slower than one such cycle (about a second at c = 32 on 2 cores) then slows every method
+    alike, where whole batches one after another put each method in its own time slot (measured 2026-12-06: ±5 %
+    per Table 4 cell on 2 cores). ``interleave="batch"``: method after method, whole batches, the order rotated
+    by one each repeat. Either way Table 4 takes each repeat's ratio to AR's and reports the median and spread
+    over repeats. An online controller keeps its
     statistics (acceptance, measured round-time ratios) from one repeat to the next, as a serving system's
     controller lives across the batches it serves: the first repeat starts from the calibration alone.
 
@@ -37,13 +42,16 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
             one bs per batch round online; its records say ``block_size: "online"`` and carry the bs chosen per
             round and the controller's seconds.
         repeats: batches per method (>= 1).
+        interleave: ``round`` | ``batch`` (above).
     Raises:
-        ValueError: if fewer prompts than ``concurrency`` are given, or ``repeats < 1``.
+        ValueError: if fewer prompts than ``concurrency`` are given, ``repeats < 1`` or ``interleave`` is unknown.
     """
     if len(prompts) < concurrency:
         raise ValueError(f"concurrency {concurrency} needs {concurrency} prompts, the serving pool has {len(prompts)}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if interleave not in ("round", "batch"):
+        raise ValueError(f"interleave must be 'round' or 'batch', got {interleave!r}")
     batch_prompts = prompts[:concurrency]
     engines = {}
     for key, (kind, drafter, factory) in proposer_factories.items():
@@ -61,11 +69,18 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
     records = []
     bar = tqdm(total=repeats * len(keys), desc=f"serving c={concurrency}", unit="batch", mininterval=5.0)
     for r in range(repeats):
-        for key in keys[r % len(keys):] + keys[: r % len(keys)]:
+        order = keys[r % len(keys):] + keys[: r % len(keys)]
+        if interleave == "round":
+            outs = _lockstep({key: engines[key].steps(batch_prompts, max_new_tokens, block_sizes.get(key, 1))
+                              for key in order})
+        for key in order:
             kind, drafter, _ = proposer_factories[key]
             controller = (controllers or {}).get(key)
             bs = block_sizes.get(key, 1)
-            out = engines[key].generate(batch_prompts, max_new_tokens, block_size=bs)
+            if interleave == "round":
+                out = outs[key]
+            else:
+                out = engines[key].generate(batch_prompts, max_new_tokens, block_size=bs)
             online = controller_fields(out.block_sizes, out.controller_seconds, out.draft_seconds,
                                        out.verify_seconds, bs)
             bs_field = None if kind == "ar" else "online" if controller is not None else bs
@@ -80,6 +95,28 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
             bar.update()
     bar.close()
     return records
+
+
+def _lockstep(steps: dict) -> dict:
+    """Advance generators one step each in turn (the order rotated by one per cycle) until all have returned.
+
+    Args:
+        steps: key -> generator (``BatchedSpeculativeEngine.steps``), not yet started.
+    Returns:
+        key -> the generator's return value (its :class:`~dscout.decoding.batched.BatchResult`).
+    """
+    live, done, cycle = dict(steps), {}, 0
+    while live:
+        keys = list(live)
+        k = cycle % len(keys)
+        for key in keys[k:] + keys[:k]:
+            try:
+                next(live[key])
+            except StopIteration as stop:
+                done[key] = stop.value
+                del live[key]
+        cycle += 1
+    return done
 
 
 def write_records(records: list[dict], path: str | Path) -> None:
