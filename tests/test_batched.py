@@ -330,7 +330,7 @@ def test_lockstep_steps_each_generator_in_turn_with_the_order_rotated_per_cycle(
 
 
 def test_interleaved_engines_match_generate_and_time_only_their_own_rounds(target):
-    """Round-by-round interleaving (Table 4's default): each engine's output equals its own generate() and AR's,
+    """Round-by-round interleaving (serving.interleave: round): each engine's output equals its own generate() and AR's,
     and its decode seconds are the sum of its rounds (draft + verify), not the time other work took between its
     steps (here another 'engine' that sleeps 0.2 s per step)."""
     import time

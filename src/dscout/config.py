@@ -766,7 +766,7 @@ def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     if s.get("online_variants"):  # only when set, so that configs without it keep their ids
         extra["online_variants"] = [{"name": v["name"], "controller": controller_settings(cfg, v.get("controller"))}
                                     for v in s["online_variants"]]
-    if s["backend"] == "batched":
+    if s["backend"] == "batched" and s["interleave"] != "batch":  # only when set, so that configs keep their ids
         extra["interleave"] = s["interleave"]
     if s.get("eagle3_drafter"):  # only when set, so that configs without it keep their ids
         name = s["eagle3_drafter"]

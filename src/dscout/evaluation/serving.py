@@ -20,16 +20,16 @@ from ..records import controller_fields, make_record
 def serving_records(target, proposer_factories: dict[str, tuple[str, str, object]], prompts: list[list[int]],
                     prompt_ids: list[str], concurrency: int, max_new_tokens: int, block_sizes: dict[str, int],
                     stop_ids: list[int], repeat: int = 0, controllers: dict | None = None,
-                    repeats: int = 1, interleave: str = "round") -> list[dict]:
+                    repeats: int = 1, interleave: str = "batch") -> list[dict]:
     """Decode ``prompts[:concurrency]`` as one batch per method and repeat; one record per request and repeat.
 
-    ``interleave="round"`` (default): in each repeat the methods' batches advance together, one engine step (the
+    ``interleave="round"``: in each repeat the methods' batches advance together, one engine step (the
     prefill, then one draft-verify round) per method in turn, the turn order rotated by one every step; each
     method's decode seconds are its own rounds' (:meth:`~dscout.decoding.batched.BatchedSpeculativeEngine.steps`).
     Drift of the machine slower than one such cycle (about a second at c = 32 on 2 cores) then slows every method
     alike, where whole batches one after another put each method in its own time slot (measured 2026-12-06: ±5 %
-    per Table 4 cell on 2 cores). ``interleave="batch"``: method after method, whole batches, the order rotated
-    by one each repeat. Either way Table 4 takes each repeat's ratio to AR's and reports the median and spread
+    per Table 4 cell on 2 cores). ``interleave="batch"`` (default): method after method, whole batches, the order
+    rotated by one each repeat. Either way Table 4 takes each repeat's ratio to AR's and reports the median and spread
     over repeats. An online controller keeps its
     statistics (acceptance, measured round-time ratios) from one repeat to the next, as a serving system's
     controller lives across the batches it serves: the first repeat starts from the calibration alone.
