@@ -361,8 +361,11 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     slots = world * gas
     total = cfg.max_steps or max(1, math.ceil(cfg.epochs * n / (cfg.micro_batch_size * slots)))
     ds_cfg = _ds_config(cfg.deepspeed_config, cfg, total, world)
+    # the fused AdamW kernel updates each parameter in one pass over its memory, where the default (per-tensor)
+    # implementation makes ~10 (lerp, mul, addcmul, sqrt, div, addcdiv): on a CPU it took 17 % of an update
+    # (benchmarks/training_update_cost.md)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
-                            weight_decay=cfg.weight_decay)
+                            weight_decay=cfg.weight_decay, fused=target.device.type == "cpu")
     engine, _, _, sched = deepspeed.initialize(model=drafter, optimizer=opt, config=ds_cfg)
     # one rank without ZeRO: the gradient all-reduce is the identity, yet it cost 9 % of a CPU update (ZeRO
     # partitions and reduces its gradients in that path: it keeps it)
