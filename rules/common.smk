@@ -220,6 +220,14 @@ def findings_records_input(wildcards):
     return expand("results/findings/{fsid}/records/{name}.jsonl", fsid=FINDINGS_ID, name=list(dcfg.FINDINGS_PLAN))
 
 
+def findings_layer_ids():
+    """The target layers every findings drafter reads (one shape for the stage: one evaluation taps file)."""
+    layers = {tuple(DRAFTER_STAGES[DRAFTER_IDS[n]]["layer_ids"]) for n in FINDINGS_DRAFTERS}
+    if len(layers) != 1:
+        raise ValueError(f"the findings drafters read different target layers {sorted(layers)}: one shape expected")
+    return list(layers.pop())
+
+
 def findings_drafter_input(wildcards):
     if f"findings_{wildcards.name}" not in DRAFTER_IDS:
         raise ValueError(f"'{wildcards.name}' is not a findings drafter ({', '.join(dcfg.FINDINGS_PLAN)})")

@@ -32,6 +32,38 @@ rule findings_bench_outputs:
         "--out {output} --data-root {params.data_root:q} --threads {threads} > {log} 2>&1"
 
 
+rule findings_taps:
+    message:
+        "Findings: the target's taps of the evaluated sequences (once for every drafter)"
+    input:
+        target=f"{TARGET_DIR}/target.json",
+        responses=RESPONSES,
+        bench_outputs="results/findings/{fsid}/bench_outputs.jsonl",
+    output:
+        "results/findings/{fsid}/eval_taps.safetensors",
+    params:
+        cli=CLI,
+        stage=lambda w: stage_json(FINDINGS_STAGE),
+        responses_stage=stage_json(config["responses"]),
+        layer_ids=lambda w: json.dumps(findings_layer_ids()),
+        code=code("findings"),
+    threads: JOB_THREADS
+    # right after the benchmark outputs: every evaluation reads it
+    priority: 1
+    resources:
+        gpu=min(GPUS, 1),
+    log:
+        "results/logs/findings_taps/{fsid}.log",
+    benchmark:
+        "results/timings/findings_taps/{fsid}.tsv"
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python {params.cli} findings-taps --stage {params.stage:q} --target $(dirname {input.target}) "
+        "--layer-ids {params.layer_ids:q} --responses {input.responses} --responses-stage {params.responses_stage:q} "
+        "--bench-outputs {input.bench_outputs} --out {output} --threads {threads} > {log} 2>&1"
+
+
 rule findings_eval:
     message:
         "Findings: teacher-forced accept lengths of drafter {wildcards.name}"
@@ -40,6 +72,7 @@ rule findings_eval:
         responses=RESPONSES,
         drafter=findings_drafter_input,
         bench_outputs="results/findings/{fsid}/bench_outputs.jsonl",
+        taps="results/findings/{fsid}/eval_taps.safetensors",
     output:
         "results/findings/{fsid}/records/{name}.jsonl",
     params:
@@ -60,7 +93,7 @@ rule findings_eval:
     shell:
         "python {params.cli} findings-eval --stage {params.stage:q} --name {wildcards.name} "
         "--target $(dirname {input.target}) --drafter $(dirname {input.drafter}) --responses {input.responses} "
-        "--responses-stage {params.responses_stage:q} --bench-outputs {input.bench_outputs} --out {output} "
+        "--responses-stage {params.responses_stage:q} --bench-outputs {input.bench_outputs} --taps {input.taps} --out {output} "
         "--threads {threads} > {log} 2>&1"
 
 

@@ -360,3 +360,40 @@ def test_interleaved_engines_match_generate_and_time_only_their_own_rounds(targe
         assert b.decode_seconds < 0.2 * 5  # the sleeper's seconds (1.2 s) are not this engine's
     with pytest.raises(ValueError, match="non-empty"):
         next(ar.steps([], 4))
+
+
+def test_a_shared_prefill_is_computed_once_per_layer_set_and_decodes_as_a_fresh_one(target):
+    """prefill_store (Table 4's prefix cache): AR and two DScout engines over the same batch, twice each, run the
+    target's prefill once per tapped layer set (2, not 6); every reuse decodes exactly as a fresh prefill (outputs
+    and accept lengths), reports the first computation's seconds and says it was reused; a stored cache is never
+    extended by a decode (a third DScout batch from it still matches)."""
+    d = tiny_drafter(target, layers=2, block_size=8)
+    prompts = _prompts(4, 21)
+    ar = BatchedSpeculativeEngine(target, None, stop_token_ids=[0])
+    bs2 = BatchedSpeculativeEngine(target, lambda: BlockDiffusionProposer(d), stop_token_ids=[0])
+    bs4 = BatchedSpeculativeEngine(target, lambda: BlockDiffusionProposer(d), stop_token_ids=[0])
+    fresh = {"ar": ar.generate(prompts, 10), "bs2": bs2.generate(prompts, 10, 2), "bs4": bs4.generate(prompts, 10, 4)}
+    prefill_widths = []
+    forward = type(target).forward
+
+    def counting(self, input_ids, *args, **kwargs):
+        if kwargs.get("last_logits_only"):
+            prefill_widths.append(input_ids.shape[1])
+        return forward(self, input_ids, *args, **kwargs)
+
+    store = {}
+    try:
+        type(target).__call__ = counting
+        runs = [(k, e.generate(prompts, 10, bs, prefill_store=store))
+                for _ in range(2) for k, e, bs in (("ar", ar, 1), ("bs2", bs2, 2), ("bs4", bs4, 4))]
+        again = bs4.generate(prompts, 10, 4, prefill_store=store)
+    finally:
+        type(target).__call__ = forward
+    assert len(prefill_widths) == 2 and len(store) == 2
+    for key, out in runs + [("bs4", again)]:
+        assert [r.output_ids for r in out.results] == [r.output_ids for r in fresh[key].results]
+        assert [r.accept_lengths for r in out.results] == [r.accept_lengths for r in fresh[key].results]
+    assert [out.prefill_reused for _, out in runs] == [False, False, True, True, True, True]
+    assert runs[4][1].prefill_seconds == runs[1][1].prefill_seconds  # bs4 reused bs2's prefill, and its seconds
+    for entry in store.values():
+        assert entry["cache"].get_seq_length() == max(len(p) for p in prompts)

@@ -94,6 +94,29 @@ def test_evaluation_resumes_after_a_kill(trained, tmp_path):
     assert sorted(map(json.loads, run.read_text().splitlines()), key=key) == sorted(map(json.loads, lines), key=key)
 
 
+def test_stored_evaluation_taps_give_the_same_records_and_guard_their_layers(trained, tmp_path):
+    """findings-taps computes each evaluated sequence's taps once for all drafters; an evaluation reading them
+    writes exactly the records of one computing its own; a file of other layers or other sequences is refused."""
+    from dscout.experiments.findings import load_sequence_taps, write_sequence_taps
+
+    t, seqs, drafter, _ = trained
+    layers = list(drafter.config.target_layer_ids)
+    items = [{"set": "heldout", "source": "x", **s} for s in seqs[:3]]
+    path = write_sequence_taps(t, items, layers, tmp_path / "taps.safetensors", progress=False)
+    taps = load_sequence_taps(path, layers)
+    assert sorted(taps) == sorted(str(s["id"]) for s in items)
+    own = evaluate_drafter(t, drafter, items, [4, 8], tmp_path / "own.jsonl", progress=False)
+    read = evaluate_drafter(t, drafter, items, [4, 8], tmp_path / "read.jsonl", progress=False, taps=taps)
+    assert read.read_text() == own.read_text()
+    with pytest.raises(ValueError, match="taps.safetensors: taps of target layers"):
+        load_sequence_taps(path, layers[:1])
+    wrong = {str(items[0]["id"]): taps[str(items[0]["id"])][:-1]}
+    with pytest.raises(ValueError, match="rows for"):
+        evaluate_drafter(t, drafter, items[:1], [4], tmp_path / "wrong.jsonl", progress=False, taps=wrong)
+    with pytest.raises(ValueError, match="repeat"):
+        write_sequence_taps(t, items[:1] * 2, layers, tmp_path / "dup.safetensors", progress=False)
+
+
 # ---------------------------------------------------------------------------------------------- statistics
 STAGE = {"min_anchors": 100, "bootstrap": {"resamples": 500, "seed": 0}}
 

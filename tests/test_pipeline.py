@@ -441,10 +441,15 @@ def test_findings_stage_end_to_end(smoke_artifacts_run):
 
     work, jobs = smoke_artifacts_run
     assert jobs.get("findings_eval") == len(dcfg.FINDINGS_PLAN) and jobs.get("findings_bench_outputs") == 1
+    assert jobs.get("findings_taps") == 1  # the evaluated sequences' taps: once, read by every evaluation
     [fdir] = (work / "results/findings").iterdir()
     stage = json.loads((fdir / "config.resolved.json").read_text())["stage_config"]
     rows = [json.loads(l) for f in (fdir / "records").glob("*.jsonl") for l in f.read_text().splitlines()]
     held_ids = {r["id"] for r in rows if r["set"] == "heldout"}
+    from safetensors import safe_open
+
+    with safe_open(str(fdir / "eval_taps.safetensors"), framework="pt") as f:  # every read sequence, no other
+        assert set(f.keys()) == {str(r["id"]) for r in rows if "accept" in r}
     assert len(held_ids) == stage["holdout"] == 3
     for name, (_, bss) in dcfg.FINDINGS_PLAN.items():
         mine = [r for r in rows if r["drafter"] == name]

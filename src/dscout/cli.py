@@ -448,31 +448,50 @@ def cmd_findings_outputs(a):
     write_resolved(Path(a.out).parent / "config.resolved.json", st)
 
 
+def _findings_items(st: dict, responses: str, responses_stage: str, bench_outputs: str) -> list[dict]:
+    """The findings stage's evaluated sequences: the held-out responses, then the benchmark prompts' AR outputs."""
+    from dscout.data.responses import training_sequences
+    from dscout.jsonl import read_jsonl
+    from dscout.training.holdout import holdout_split
+
+    seqs = _sequences(responses, json.loads(responses_stage))
+    _, held = holdout_split(len(seqs), st["holdout"])
+    items = [{"set": "heldout", "source": seqs[i]["id"].rsplit("-", 1)[0], **seqs[i]} for i in held]
+    bench_rows = {r["id"]: r for r in read_jsonl(bench_outputs)}
+    for s in training_sequences(list(bench_rows.values()), max_length=1 << 30, min_response_tokens=2):
+        items.append({"set": "bench", "source": bench_rows[s["id"]]["source"], **s})
+    return items
+
+
+def cmd_findings_taps(a):
+    """The target's taps of every sequence the findings drafters are read on, once for all of them."""
+    from dscout.experiments.findings import write_sequence_taps
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    target = load_target(a.target)
+    items = _findings_items(st, a.responses, a.responses_stage, a.bench_outputs)
+    write_sequence_taps(target, items, json.loads(a.layer_ids), a.out)
+
+
 def cmd_findings_eval(a):
     """Teacher-forced accept lengths of one findings drafter (held-out responses + benchmark outputs) and the
     live-decoding check; writes the records JSONL last (a partial file beside it resumes a killed job)."""
-    from dscout.data.responses import training_sequences
-    from dscout.training.holdout import holdout_split
-    from dscout.experiments.findings import decode_check, evaluate_drafter
-    from dscout.jsonl import read_jsonl
+    from dscout.experiments.findings import decode_check, evaluate_drafter, load_sequence_taps
     from dscout.models.export import drafter_for_target
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
     plan = st["drafters"][a.name]
     target = load_target(a.target)
-    seqs = _sequences(a.responses, json.loads(a.responses_stage))
-    _, held = holdout_split(len(seqs), st["holdout"])
-    items = [{"set": "heldout", "source": seqs[i]["id"].rsplit("-", 1)[0], **seqs[i]} for i in held]
-    bench_rows = {r["id"]: r for r in read_jsonl(a.bench_outputs)}
-    for s in training_sequences(list(bench_rows.values()), max_length=1 << 30, min_response_tokens=2):
-        items.append({"set": "bench", "source": bench_rows[s["id"]]["source"], **s})
+    items = _findings_items(st, a.responses, a.responses_stage, a.bench_outputs)
     drafter = drafter_for_target(a.drafter, target)
     summary = json.loads((Path(a.drafter) / "training_summary.json").read_text())
     out = Path(a.out)
     partial = out.with_suffix(".partial.jsonl")
     meta = {"drafter": a.name, "recipe": plan["recipe"], "drafter_id": plan["id"]}
-    evaluate_drafter(target, drafter, items, plan["block_sizes"], partial, meta=meta)
+    taps = load_sequence_taps(a.taps, list(drafter.config.target_layer_ids)) if a.taps else None
+    evaluate_drafter(target, drafter, items, plan["block_sizes"], partial, meta=meta, taps=taps)
     checks = []
     stops = stop_token_ids(target, st["chat"]["stop_tokens"] or [])
     for s in items[: st["decode_check_prompts"]]:
@@ -570,6 +589,14 @@ def main(argv=None):
     p.add_argument("--name", required=True, help="the drafter's name in the stage (dscout.config.FINDINGS_PLAN)")
     p.add_argument("--target", required=True)
     p.add_argument("--drafter", required=True, help="the trained drafter's folder")
+    p.add_argument("--responses", required=True)
+    p.add_argument("--responses-stage", required=True)
+    p.add_argument("--bench-outputs", required=True)
+    p.add_argument("--taps", default=None, help="the stage's evaluation taps (findings-taps); unset: computed here")
+    p.add_argument("--out", required=True)
+    p = add("findings-taps", cmd_findings_taps, "the target's taps of the findings' evaluated sequences, once")
+    p.add_argument("--target", required=True)
+    p.add_argument("--layer-ids", required=True, help="JSON list of the findings drafters' target layers")
     p.add_argument("--responses", required=True)
     p.add_argument("--responses-stage", required=True)
     p.add_argument("--bench-outputs", required=True)

@@ -27,6 +27,7 @@ committed tokens / decode seconds.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -44,7 +45,8 @@ class BatchResult:
         results: per request, in input order (``decode_seconds`` = the batch's decode wall time).
         draft_seconds, verify_seconds: per round, for the whole batch.
         decode_seconds: wall time of the decode loop (prefill excluded).
-        prefill_seconds: the batched prefill.
+        prefill_seconds: the batched prefill (its first computation's, when it came from a ``prefill_store``).
+        prefill_reused: the prefill was a copy of a stored one (``prefill_store``).
         block_sizes: per round, the bs an online controller chose (empty without one).
         controller_seconds: the controller's wall seconds (inside the rounds' draft seconds).
         drafter_seconds: per round, the drafter calls alone (one forward: catch-up + drafts; 0 without drafts).
@@ -56,6 +58,7 @@ class BatchResult:
     verify_seconds: list[float] = field(default_factory=list)
     decode_seconds: float = 0.0
     prefill_seconds: float = 0.0
+    prefill_reused: bool = False
     block_sizes: list[int] = field(default_factory=list)
     controller_seconds: float = 0.0
     drafter_seconds: list[float] = field(default_factory=list)
@@ -96,13 +99,20 @@ class BatchedSpeculativeEngine:
         self.layer_ids = list(probe.layer_ids) if probe is not None else []
         self.batched_draft = batched_draft and callable(getattr(probe, "batched", None))
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, block_size: int = 1) -> BatchResult:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, block_size: int = 1,
+                 prefill_store: dict | None = None) -> BatchResult:
         """Decode ``prompts`` together; returns per-request results in input order.
 
+        Args:
+            prefill_store: optional dict shared by engines of the same target (Table 4's methods and repeats):
+                the batch's prefill (KV cache, last logits, taps of this engine's layers) is computed once per
+                ``(prompts, layers)`` and deep-copied on later calls, as
+                :meth:`dscout.decoding.engine.SpeculativeEngine.generate` does for one request. Decoding is
+                unchanged (the same tensors); the prefill is outside the decode seconds either way.
         Raises:
             ValueError: for an empty batch, an empty prompt or ``max_new_tokens < 1``.
         """
-        steps = self.steps(prompts, max_new_tokens, block_size)
+        steps = self.steps(prompts, max_new_tokens, block_size, prefill_store=prefill_store)
         while True:
             try:
                 next(steps)
@@ -110,20 +120,23 @@ class BatchedSpeculativeEngine:
                 return done.value
 
     @torch.no_grad()  # on a generator function torch enters the context around each resume: nothing leaks
-    def steps(self, prompts: list[list[int]], max_new_tokens: int, block_size: int = 1):
+    def steps(self, prompts: list[list[int]], max_new_tokens: int, block_size: int = 1,
+              prefill_store: dict | None = None):
         """:meth:`generate` one step at a time: a generator that yields after the prefill and after every round.
 
         The caller may run other work between steps (Table 4 interleaves the methods' engines round by round,
         :func:`dscout.evaluation.serving.serving_records`, so that the machine's drift hits every method alike):
         ``decode_seconds`` is the sum of this engine's own round times, never the time spent outside it.
 
+        Args:
+            prefill_store: as in :meth:`generate`.
         Returns (as the generator's ``StopIteration.value``): the :class:`BatchResult`.
         Raises:
             ValueError: for an empty batch, an empty prompt or ``max_new_tokens < 1`` (at the first step).
         """
-        return (yield from self._steps(prompts, max_new_tokens, block_size))
+        return (yield from self._steps(prompts, max_new_tokens, block_size, prefill_store))
 
-    def _steps(self, prompts: list[list[int]], max_new_tokens: int, block_size: int):
+    def _steps(self, prompts: list[list[int]], max_new_tokens: int, block_size: int, prefill_store: dict | None):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("need at least one non-empty prompt")
         if max_new_tokens < 1:
@@ -138,31 +151,43 @@ class BatchedSpeculativeEngine:
             ids[i, P - len(p):] = torch.tensor(p, device=dev)
             valid[i, P - len(p):] = True
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        cache = self.target.new_cache()
+        key = (tuple(tuple(p) for p in prompts), tuple(self.layer_ids))
+        stored = prefill_store.get(key) if prefill_store is not None else None
+        _sync(dev)
         t0 = time.perf_counter()
-        mask = (valid[:, None, None, :] & torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None, None])
-        mask |= torch.eye(P, dtype=torch.bool, device=dev)[None, None]  # padded queries see themselves (ignored)
-        out = self.target(ids, layer_ids=self.layer_ids, past_key_values=cache, attention_mask=mask,
-                          position_ids=pos)
+        if stored is None:
+            cache = self.target.new_cache()
+            mask = (valid[:, None, None, :] & torch.ones(P, P, dtype=torch.bool, device=dev).tril()[None, None])
+            mask |= torch.eye(P, dtype=torch.bool, device=dev)[None, None]  # padded queries see themselves
+            out = self.target(ids, layer_ids=self.layer_ids, past_key_values=cache, attention_mask=mask,
+                              position_ids=pos, last_logits_only=True)
+            last_logits, taps = out.logits[:, -1], out.taps
+        else:
+            cache, last_logits, taps = copy.deepcopy(stored["cache"]), stored["logits"], stored["taps"]
         group = self.proposer_factory().batched() if self.batched_draft else None  # all requests, one forward
         if group is not None:
-            group.start(out.taps, valid)
+            group.start(taps, valid)
             proposers = [None] * B
         else:
             proposers = [self.proposer_factory() for _ in range(B)] if self.proposer_factory else [None] * B
         results, last, length, active = [], [], [], []
         for i, p in enumerate(prompts):
-            x = int(out.logits[i, -1].argmax())
+            x = int(last_logits[i].argmax())
             if proposers[i] is not None:
-                proposers[i].start(out.taps[i, P - len(p):], ids[i, P - len(p):])
+                proposers[i].start(taps[i, P - len(p):], ids[i, P - len(p):])
             results.append(GenerationResult(output_ids=[x]))
             last.append(x)
             length.append(len(p))  # absolute position of x
             active.append(x not in self.stop_token_ids and max_new_tokens > 1)
             if x in self.stop_token_ids:
                 results[-1].stop_reason = "stop_token"
+        _sync(dev)
         t1 = time.perf_counter()
-        batch = BatchResult(results=results, prefill_seconds=t1 - t0)
+        if prefill_store is not None and stored is None:  # kept before any round extends the cache
+            prefill_store[key] = {"cache": copy.deepcopy(cache), "logits": last_logits, "taps": taps,
+                                  "seconds": t1 - t0}
+        batch = BatchResult(results=results, prefill_seconds=stored["seconds"] if stored else t1 - t0,
+                            prefill_reused=stored is not None)
         yield  # the prefill is one step
         busy = 0.0  # this engine's own decode seconds (its rounds), whatever runs between the steps
         keys = valid  # [B, S]: which cache slots hold committed tokens

@@ -108,7 +108,7 @@ def sequence_taps(target, input_ids: list[int], layer_ids: list[int]) -> torch.T
 
 
 def evaluate_drafter(target, drafter, sequences: list[dict], block_sizes: list[int], out_path: str | os.PathLike,
-                     meta: dict | None = None, progress: bool = True) -> Path:
+                     meta: dict | None = None, progress: bool = True, taps: dict | None = None) -> Path:
     """Write one record per (sequence, bs): the accepted length at every anchor (resumable JSONL).
 
     Args:
@@ -116,8 +116,12 @@ def evaluate_drafter(target, drafter, sequences: list[dict], block_sizes: list[i
         block_sizes: the bs values to evaluate (each its own full block).
         out_path: JSONL; rows already there (same set, id, bs) are kept and skipped, so a killed job resumes.
         meta: fields copied into every row (drafter name, recipe).
+        taps: ``str(sequence id)`` -> ``[S, t * D]`` taps of the drafter's layers (:func:`load_sequence_taps`), shared
+            by the stage's drafters; None (or an id missing) = one target forward per sequence here.
     Returns:
         ``out_path``. Row: ``{**meta, "set", "source", "id", "bs", "accept": [L(0), ...]}``.
+    Raises:
+        ValueError: if a stored taps tensor does not have one row per token of its sequence.
     """
     from tqdm import tqdm
 
@@ -134,11 +138,17 @@ def evaluate_drafter(target, drafter, sequences: list[dict], block_sizes: list[i
     todo = [s for s in sequences if any((s["set"], s["id"], bs) not in done for bs in block_sizes)]
     with open(out_path, "a") as f:
         for s in tqdm(todo, desc="teacher-forced anchors", unit="seq", disable=not progress, mininterval=5.0):
-            taps = sequence_taps(target, s["input_ids"], layer_ids)
+            if taps is not None and str(s["id"]) in taps:
+                seq_taps = taps[str(s["id"])].unsqueeze(0)
+                if seq_taps.shape[1] != len(s["input_ids"]):
+                    raise ValueError(f"stored taps of sequence {s['id']!r} have {seq_taps.shape[1]} rows for "
+                                     f"{len(s['input_ids'])} tokens: the taps file is not of these sequences")
+            else:
+                seq_taps = sequence_taps(target, s["input_ids"], layer_ids)
             for bs in block_sizes:
                 if (s["set"], s["id"], bs) in done:
                     continue
-                prefix = correct_prefixes(drafter, s["input_ids"], s["loss_mask"], taps, bs)
+                prefix = correct_prefixes(drafter, s["input_ids"], s["loss_mask"], seq_taps, bs)
                 row = {**(meta or {}), "set": s["set"], "source": s["source"], "id": s["id"], "bs": bs,
                        "accept": accept_lengths(prefix, bs)}
                 f.write(json.dumps(row) + "\n")
@@ -179,3 +189,52 @@ def decode_check(target, drafter, prompt_ids: list[int], bs: int, max_new_tokens
     return {"bs": bs, "output_equal": list(spec.output_ids) == list(ar.output_ids),
             "engine_rounds": list(spec.accept_lengths), "walk_rounds": walk, "compared": compared,
             "full_block_rounds": full, "equal": compared == full and list(spec.output_ids) == list(ar.output_ids)}
+
+
+def write_sequence_taps(target, sequences: list[dict], layer_ids: list[int], path: str | os.PathLike,
+                        progress: bool = True) -> Path:
+    """The taps of every evaluated sequence, computed once for all of the stage's drafters (safetensors).
+
+    :func:`evaluate_drafter` needs the target's taps of each sequence; the stage's drafters share their layers,
+    so one job computes them (:func:`sequence_taps`, float32: the same tensors each evaluation computed itself)
+    and every evaluation loads them (:func:`load_sequence_taps`) instead of running the target again.
+
+    Args:
+        sequences: ``[{"id", "input_ids", ...}]``, ids unique.
+        layer_ids: the tapped target layers (stored in the file's metadata).
+        path: the ``.safetensors`` file, written atomically.
+    Returns:
+        ``path``; tensor ``str(id)`` = ``[S, t * D]`` float32.
+    Raises:
+        ValueError: if two sequences share an id.
+    """
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    ids = [str(s["id"]) for s in sequences]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"sequence ids repeat: {sorted({i for i in ids if ids.count(i) > 1})[:5]}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {str(s["id"]): sequence_taps(target, s["input_ids"], layer_ids)[0].contiguous()
+               for s in tqdm(sequences, desc="evaluation taps", unit="seq", disable=not progress, mininterval=5.0)}
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"layer_ids": json.dumps(list(layer_ids))})
+    os.replace(tmp, path)
+    return path
+
+
+def load_sequence_taps(path: str | os.PathLike, layer_ids: list[int]) -> dict[str, torch.Tensor]:
+    """Taps written by :func:`write_sequence_taps`, checked against the drafter's layers.
+
+    Raises:
+        ValueError: naming the file, if its layers are not ``layer_ids``.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        stored = json.loads((f.metadata() or {}).get("layer_ids", "null"))
+    if stored != list(layer_ids):
+        raise ValueError(f"{path}: taps of target layers {stored}, the drafter reads layers {list(layer_ids)}")
+    return load_file(str(path))

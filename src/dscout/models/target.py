@@ -139,7 +139,7 @@ class TargetModel:
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, layer_ids: list[int] | tuple[int, ...] | None = None,
                 past_key_values=None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> TargetOutput:
+                position_ids: torch.Tensor | None = None, last_logits_only: bool = False) -> TargetOutput:
         """Run the target and capture the outputs of decoder layers ``layer_ids``.
 
         Args:
@@ -148,8 +148,12 @@ class TargetModel:
             past_key_values: a ``transformers`` cache; it is extended in place.
             attention_mask: ``[batch, past + seq]`` padding mask (1 = real token), optional.
             position_ids: ``[batch, seq]`` explicit positions, optional (left padding).
+            last_logits_only: the LM head on the last position only (``logits`` ``[batch, 1, V]``): a prefill
+                needs no more, and a batch's full logits are ``batch x seq x V`` floats (6 GB for 32 prompts of
+                1,000 tokens with a 49k vocabulary).
         Returns:
-            :class:`TargetOutput`; ``taps`` is ``[batch, seq, len(layer_ids) * hidden]``.
+            :class:`TargetOutput`; ``taps`` is ``[batch, seq, len(layer_ids) * hidden]``; ``logits``
+            ``[batch, seq, V]`` (``[batch, 1, V]`` with ``last_logits_only``).
         Raises:
             IndexError: if a layer id is outside ``[0, num_layers)``.
         """
@@ -172,7 +176,8 @@ class TargetModel:
                 h.remove()
         final_hidden = out.last_hidden_state
         head = self.lm_head
-        logits = project(final_hidden, head.weight, getattr(head, "bias", None)).float()
+        logits = project(final_hidden[:, -1:] if last_logits_only else final_hidden, head.weight,
+                         getattr(head, "bias", None)).float()
         taps = torch.cat([captured[i] for i in layer_ids], dim=-1) if layer_ids else None
         return TargetOutput(logits=logits, taps=taps, final_hidden=final_hidden)
 
