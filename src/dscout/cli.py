@@ -478,6 +478,7 @@ def cmd_findings_eval(a):
     """Teacher-forced accept lengths of one findings drafter (held-out responses + benchmark outputs) and the
     live-decoding check; writes the records JSONL last (a partial file beside it resumes a killed job)."""
     from dscout.experiments.findings import decode_check, evaluate_drafter, load_sequence_taps
+    from dscout.jsonl import read_jsonl
     from dscout.models.export import drafter_for_target
 
     st = json.loads(a.stage)
