@@ -5,7 +5,8 @@ optionally DScout(online)) through :func:`dscout.evaluation.serving.serving_reco
 the two interleave modes alternating call by call (ABBA: batch, round, round, batch, ...), so that the machine's
 drift hits both modes alike. Per mode and method: the batch's decode seconds (median over its calls) and, per
 call, each method's throughput ratio to AR's in the same call (median [min, max]): the number Table 4 reports.
-Each call also reports its wall time, warm-ups included, and the process's peak resident memory at the end.
+Each call also reports its wall time, warm-ups included, and the process's peak resident memory at the end. The
+calls share one prefill store (the batch is prefilled once per tapped layer set), as Table 4's repeats do.
 
     python benchmarks/interleave_cost.py --target results/target/<id> --dscout results/drafters/<id> \
         --dflash results/drafters/<id> --concurrency 32 --calls 8 --out benchmarks/interleave_cost/report.md
@@ -84,11 +85,13 @@ def main(argv=None):
     seconds = {m: {k: [] for k in keys} for m in modes}
     ratio = {m: {k: [] for k in keys} for m in modes}
     wall = {m: [] for m in modes}
+    prefills: dict = {}  # one prefill per layer set for every call (outside the decode seconds either way)
     for call in range(a.calls):
         mode = modes[(call + call // 2) % 2]  # batch round round batch batch round ...
         t0 = time.perf_counter()
         recs = serving_records(target, factories, prompts, ids, a.concurrency, a.max_new_tokens, sizes, stops,
-                               repeat=call, controllers=controllers, repeats=1, interleave=mode)
+                               repeat=call, controllers=controllers, repeats=1, interleave=mode,
+                               prefill_store=prefills)
         wall[mode].append(time.perf_counter() - t0)
         batch = {r["method_key"]: r["batch_decode_seconds"] for r in recs}
         tokens = {k: sum(r["new_tokens"] for r in recs if r["method_key"] == k) for k in keys}

@@ -78,10 +78,14 @@ def test_serving_records_and_table4_pick_the_best_block_size(target, tmp_path):
                  "dscout-bs16": ("dscout", "ds", lambda: BlockDiffusionProposer(d))}
     sizes = {"dflash-bs16": 16, "dscout-bs4": 4, "dscout-bs16": 16}
     prompts = _prompts(3, 11)
-    recs = []
+    recs, stores = [], {}
     for c in (1, 3):
+        stores[c] = {}
         recs += serving_records(target, factories, prompts, ["a", "b", "c"], c, 10, sizes, [0],
-                                interleave="batch" if c == 1 else "round")  # both ways of sharing the machine
+                                interleave="batch" if c == 1 else "round",  # both ways of sharing the machine
+                                prefill_store=stores[c])
+    # one prefill per c and tapped layer set (AR's, the drafters'), whatever the methods and warm-ups
+    assert [len(stores[c]) for c in (1, 3)] == [2, 2]
     assert {r["concurrency"] for r in recs} == {1, 3} and sum(r["concurrency"] == 3 for r in recs) == 3 * 4
     ar = {(r["concurrency"], r["prompt_id"]): r["output_ids"] for r in recs if r["method"] == "ar"}
     assert all(r["output_ids"] == ar[(r["concurrency"], r["prompt_id"])] for r in recs)  # lossless per request
@@ -397,3 +401,24 @@ def test_a_shared_prefill_is_computed_once_per_layer_set_and_decodes_as_a_fresh_
     assert runs[4][1].prefill_seconds == runs[1][1].prefill_seconds  # bs4 reused bs2's prefill, and its seconds
     for entry in store.values():
         assert entry["cache"].get_seq_length() == max(len(p) for p in prompts)
+
+
+def test_a_masked_multi_token_verify_attends_grouped_heads_without_copying_the_cache(target, monkeypatch):
+    """On the CPU the target's verify of a block under a mask (the batched engine's every drafted round) must not
+    expand the KV cache to every query head (transformers' repeat_kv copies the whole cache per layer): the
+    output equals AR's either way, and with the switch forced off repeat_kv runs (so this test can fail)."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    assert target.config.num_key_value_heads < target.config.num_attention_heads  # grouped heads to share
+    calls = []
+    real = sdpa.repeat_kv
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda x, n: calls.append(n) or real(x, n))
+    d = tiny_drafter(target, layers=1, block_size=8)
+    prompts = _prompts(3, 5)
+    ar = [SpeculativeEngine(target, stop_token_ids=[0]).generate(p, 12).output_ids for p in prompts]
+    spec = BatchedSpeculativeEngine(target, lambda: BlockDiffusionProposer(d), stop_token_ids=[0])
+    assert [r.output_ids for r in spec.generate(prompts, 12, block_size=4).results] == ar
+    assert calls == []
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")
+    assert [r.output_ids for r in spec.generate(prompts, 12, block_size=4).results] == ar
+    assert calls and set(calls) == {target.config.num_attention_heads // target.config.num_key_value_heads}

@@ -20,7 +20,7 @@ from ..records import controller_fields, make_record
 def serving_records(target, proposer_factories: dict[str, tuple[str, str, object]], prompts: list[list[int]],
                     prompt_ids: list[str], concurrency: int, max_new_tokens: int, block_sizes: dict[str, int],
                     stop_ids: list[int], repeat: int = 0, controllers: dict | None = None,
-                    repeats: int = 1, interleave: str = "batch") -> list[dict]:
+                    repeats: int = 1, interleave: str = "batch", prefill_store: dict | None = None) -> list[dict]:
     """Decode ``prompts[:concurrency]`` as one batch per method and repeat; one record per request and repeat.
 
     ``interleave="round"``: in each repeat the methods' batches advance together, one engine step (the
@@ -46,6 +46,8 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
             round and the controller's seconds.
         repeats: batches per method (>= 1).
         interleave: ``round`` | ``batch`` (above).
+        prefill_store: the prefix cache to use (and fill); None = a new one for this call. A caller that serves
+            the same batch in several calls (``benchmarks/interleave_cost.py``) passes one dict to all of them.
     Raises:
         ValueError: if fewer prompts than ``concurrency`` are given, ``repeats < 1`` or ``interleave`` is unknown.
     """
@@ -59,7 +61,7 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
     # the batch's prefill is computed once per tapped layer set and copied for every method and repeat (a prefix
     # cache): at c = 32 one prefill took longer than AR's whole decode of the batch (2 cores), it ran once per
     # method and repeat (plus the warm-ups), and it is outside Table 4's decode seconds either way
-    prefills: dict = {}
+    prefills: dict = {} if prefill_store is None else prefill_store
     engines = {}
     for key, (kind, drafter, factory) in proposer_factories.items():
         controller = (controllers or {}).get(key)

@@ -66,6 +66,13 @@ class TargetModel:
             raise ValueError(f"{type(model).__name__}: expected decoder layers at model.model.layers")
         self.layers = layers
         self.config = model.config
+        if next(model.parameters()).device.type == "cpu":
+            # transformers' SDPA path expands the KV cache to every query head (repeat_kv: a copy of the whole
+            # cache per layer) whenever a mask is given and more than one query token comes: every verify of the
+            # batched engine (Table 4). The CPU kernel attends grouped heads under a mask itself, bit for bit the
+            # same: 2 ms instead of 38 ms per layer at c = 32, ~900 keys (benchmarks/verify_gqa.md). Process-wide,
+            # CPU only (CUDA would fall back to the math kernel); an explicit TRANSFORMERS_SDPA_FORCE_GQA=0 wins.
+            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     # ------------------------------------------------------------------ loading
     @classmethod
