@@ -28,7 +28,9 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
     method's decode seconds are its own rounds' (:meth:`~dscout.decoding.batched.BatchedSpeculativeEngine.steps`).
     Drift of the machine slower than one such cycle (about a second at c = 32 on 2 cores) then slows every method
     alike, where whole batches one after another put each method in its own time slot (measured 2026-12-06: ±5 %
-    per Table 4 cell on 2 cores). ``interleave="batch"`` (default): method after method, whole batches, the order
+    per Table 4 cell on 2 cores). But measured side by side at c = 32 (``benchmarks/interleave_cost.py``), round by
+    round took 1.9x as long for DScout at bs 2 while AR's time did not move: it is opt-in. ``interleave="batch"``
+    (default): method after method, whole batches, the order
     rotated by one each repeat. Either way Table 4 takes each repeat's ratio to AR's and reports the median and spread
     over repeats. An online controller keeps its
     statistics (acceptance, measured round-time ratios) from one repeat to the next, as a serving system's
