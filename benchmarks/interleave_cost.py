@@ -41,26 +41,14 @@ def main(argv=None):
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
 
-    import torch
-
-    from dscout.cli import _first_turn_ids, load_target, stop_token_ids
-    from dscout.data.benchmarks import load_benchmark
-    from dscout.data.paths import data_root
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.evaluation.serving import serving_records
     from dscout.models.export import drafter_for_target
-    from dscout.models.linear import pack_linears
+    from serving_batch import load_serving_batch
 
-    torch.set_num_threads(a.threads)
-    target = load_target(a.target)
-    pack_linears(target.model, extra_weights=(target.lm_head.weight,))
-    names = a.benchmarks.split(",")
-    lists = [load_benchmark(n, data_root(a.data_root), a.concurrency, seed=0) for n in names]
-    pool = [item for group in zip(*lists) for item in group][: a.concurrency]
-    chat = {"system_prompt": None, "enable_thinking": False}
-    prompts = _first_turn_ids(target.tokenizer, pool, chat)
+    target, pool, prompts, stops = load_serving_batch(a.target, a.data_root, a.benchmarks, a.concurrency,
+                                                      a.threads)
     ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
-    stops = stop_token_ids(target, ["<|im_end|>"])
     dscout = drafter_for_target(a.dscout, target, packed=True)
     factories, sizes = {"ar": ("ar", None, None)}, {}
     if a.dflash:

@@ -34,23 +34,12 @@ def main(argv=None):
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
 
-    import torch
-
-    from dscout.cli import _first_turn_ids, load_target, stop_token_ids
-    from dscout.data.benchmarks import load_benchmark
-    from dscout.data.paths import data_root
     from dscout.decoding.batched import BatchedSpeculativeEngine
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.models.export import drafter_for_target
-    from dscout.models.linear import pack_linears
+    from serving_batch import load_serving_batch
 
-    torch.set_num_threads(a.threads)
-    target = load_target(a.target)
-    pack_linears(target.model, extra_weights=(target.lm_head.weight,))
-    lists = [load_benchmark(n, data_root(a.data_root), a.concurrency, seed=0) for n in a.benchmarks.split(",")]
-    pool = [it for g in zip(*lists) for it in g][: a.concurrency]
-    prompts = _first_turn_ids(target.tokenizer, pool, {"system_prompt": None, "enable_thinking": False})
-    stops = stop_token_ids(target, ["<|im_end|>"])
+    target, _, prompts, stops = load_serving_batch(a.target, a.data_root, a.benchmarks, a.concurrency, a.threads)
     d = drafter_for_target(a.dscout, target, packed=True)
     store: dict = {}
     ar = BatchedSpeculativeEngine(target, None, stops)

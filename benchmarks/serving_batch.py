@@ -1,0 +1,27 @@
+"""The batch Table 4 serves at concurrency c, loaded as ``serve-cpu`` loads it (shared by the serving benchmarks)."""
+
+from __future__ import annotations
+
+
+def load_serving_batch(target_path: str, data_root_path: str, benchmarks: str, concurrency: int, threads: int):
+    """The target (float32, packed linears, ``threads`` torch threads) and Table 4's first ``concurrency`` requests:
+    the benchmarks' first turns, round robin over ``benchmarks`` (comma list), chat-templated without thinking.
+
+    Returns:
+        ``(target, pool, prompts, stop_ids)``: the benchmark items, their prompt ids (``list[list[int]]``) and the
+        chat's stop token ids.
+    """
+    import torch
+
+    from dscout.cli import _first_turn_ids, load_target, stop_token_ids
+    from dscout.data.benchmarks import load_benchmark
+    from dscout.data.paths import data_root
+    from dscout.models.linear import pack_linears
+
+    torch.set_num_threads(threads)
+    target = load_target(target_path)
+    pack_linears(target.model, extra_weights=(target.lm_head.weight,))
+    lists = [load_benchmark(n, data_root(data_root_path), concurrency, seed=0) for n in benchmarks.split(",")]
+    pool = [item for group in zip(*lists) for item in group][:concurrency]
+    prompts = _first_turn_ids(target.tokenizer, pool, {"system_prompt": None, "enable_thinking": False})
+    return target, pool, prompts, stop_token_ids(target, ["<|im_end|>"])
