@@ -149,6 +149,79 @@ def test_one_forward_batched_drafts_equal_each_request_alone(target):
         assert group.pending_tokens == max(p - group._next_pos[i] for i, p in enumerate(pos))
 
 
+def test_a_selected_group_drafts_for_its_remaining_rows_what_the_whole_group_drafts(target):
+    """Finished rows leave the drafter group (``select``) with kept taps pending: the remaining rows' q and drafts
+    equal those of the group that kept every row, and row j of later calls is old row rows[j]."""
+    from dscout.decoding.proposers import BatchedBlockDiffusionProposer
+
+    d = tiny_drafter(target, layers=2, block_size=8)
+    lengths = [4, 10, 7, 2]
+    padded, valid, _, g = _ragged_state(target, d, lengths, 3)
+    whole, cut = (BatchedBlockDiffusionProposer(d, sample_drafts=True) for _ in range(2))
+    whole.start(padded, valid)
+    cut.start(padded, valid)
+    pos = list(lengths)
+    for width in ([3, 3, 3, 3], [1, 2, 3, 4]):  # a drafted round's commits (written), then a ragged backlog (kept)
+        for i, m in enumerate(width):
+            t = torch.randn(m, padded.shape[-1], generator=g, dtype=padded.dtype)
+            whole.commit(i, t)
+            cut.commit(i, t)
+        pos = [x + m for x, m in zip(pos, width)]
+        if width[0] == 3:
+            for p in (whole, cut):
+                p.propose([5] * 4, pos, [2] * 4)  # writes the kept taps of every row
+    keep = [1, 3]
+    cut.select(torch.tensor(keep))
+    assert cut.batch_size == 2 and cut.pending_tokens == 4  # rows 1 and 3 keep 2 and 4 taps
+    for rnd, ks in enumerate([[5, 3, 0, 7], [2, 6, 1, 4]]):
+        last = torch.randint(1, 63, (4,), generator=g).tolist()
+        ref = whole.propose(last, pos, ks, temperature=1.0, generator=torch.Generator().manual_seed(rnd))
+        got = cut.propose([last[i] for i in keep], [pos[i] for i in keep], [ks[i] for i in keep], temperature=1.0,
+                          generator=torch.Generator().manual_seed(rnd))
+        for j, i in enumerate(keep):
+            assert torch.allclose(got[j].probs, ref[i].probs, atol=1e-6)
+        assert cut._cache.layers[0].keys.shape[0] == 2 and cut._keys.shape[0] == 2
+        for i in range(4):  # this round's commits, kept for the next
+            t = torch.randn(2, padded.shape[-1], generator=g, dtype=padded.dtype)
+            whole.commit(i, t)
+            if i in keep:
+                cut.commit(keep.index(i), t)
+            pos[i] += 2
+
+
+def test_finished_requests_leave_the_batch_and_every_output_stays_the_same(target):
+    """Requests that stop at different rounds: with ``compact`` the batch shrinks to the active rows (the KV cache
+    of the target and of the drafter), and outputs, accept lengths and chosen bs equal the engine that keeps the
+    finished rows as padding, and AR's per request."""
+    from dscout.decoding.controller import BlockSizeController
+    from dscout.decoding.latency import LatencyModel
+
+    d = tiny_drafter(target, layers=2, block_size=8)
+    prompts = _prompts(6, 11)
+    free = SpeculativeEngine(target, stop_token_ids=[])
+    runs = [free.generate(p, 18).output_ids for p in prompts]
+    stop = runs[0][3]  # request 0 stops at its 4th token; the others wherever this token comes, or at 18
+    ar = SpeculativeEngine(target, stop_token_ids=[stop])
+    refs = [ar.generate(p, 18).output_ids for p in prompts]
+    assert len({len(r) for r in refs}) > 1  # they finish at different rounds
+    cheap = LatencyModel(num_taps=2, num_layers=2, draft=[0.003, 0.0, 0.0, 0.0], commit=[0.0, 1e-4],
+                         verify=[0.05, 0.0, 0.001])
+    outs = {}
+    for compact in (True, False):
+        for bs, ctl in ((4, None), (8, BlockSizeController(cheap, 8, prior=0.3, decay=0.7))):
+            out = BatchedSpeculativeEngine(target, lambda: BlockDiffusionProposer(d), stop_token_ids=[stop],
+                                           controller=ctl, compact=compact).generate(prompts, 18, block_size=bs)
+            assert [r.output_ids for r in out.results] == refs
+            outs[compact, bs] = out
+    assert [r.accept_lengths for r in outs[True, 4].results] == [r.accept_lengths for r in outs[False, 4].results]
+    for bs in (4, 8):  # (the controller prices each round at the rows it verifies: its bs may differ)
+        on, off = outs[True, bs], outs[False, bs]
+        assert set(off.rows) == {6} and on.rows[0] == 6 and on.rows[-1] < 6
+        assert on.rows == sorted(on.rows, reverse=True)
+        active = [sum(len(r.accept_lengths) > k for r in on.results) for k in range(len(on.rows))]
+        assert on.rows == active  # each round verified exactly its active requests
+
+
 def test_deferred_commit_drafts_equal_committing_every_round(target):
     """Resuming after k rounds without drafts (their taps kept, not written) drafts what committing every round
     does, and the skipped rounds do no drafter work; for the one-request and the batched proposer."""

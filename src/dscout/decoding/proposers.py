@@ -133,6 +133,19 @@ class BatchedBlockDiffusionProposer:
         if taps.shape[0]:
             self._pending[row].append(taps)
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows ``rows`` (``[n]`` long, ascending), in that order: finished requests leave the
+        batch (the drafter cache, its key mask, positions and kept taps are cut to the ``n`` rows; row ``j`` of
+        later calls is old row ``rows[j]``). The remaining rows' drafts are unchanged: rows never attend each other.
+        """
+        keep = rows.tolist()
+        if self._cache is not None:
+            self._cache.batch_select_indices(rows)
+        if self._keys is not None:
+            self._keys = self._keys[rows.to(self._keys.device)]
+        self._next_pos = [self._next_pos[i] for i in keep]
+        self._pending = [self._pending[i] for i in keep]
+
     def end_round(self) -> None:
         """Called once per round after every :meth:`commit`: writes the round's taps unless commits are deferred."""
         if not self.defer_commits:
