@@ -230,7 +230,9 @@ class BatchedSpeculativeEngine:
             n_rows = len(rows)
             bs_round = bs
             if self.controller is not None:
-                left = max(max_new_tokens - len(results[i].output_ids) for i in rows if active[i])
+                lefts = [max_new_tokens - len(results[i].output_ids) for i in rows if active[i]]
+                left = max(lefts)
+                critical = [j for j, x in enumerate(lefts) if x == left]  # the batch ends with these requests
                 kept = group.pending_tokens if group is not None else max(
                     (getattr(proposers[i], "pending_tokens", 0) for i in rows if proposers[i] is not None),
                     default=0)
@@ -309,7 +311,7 @@ class BatchedSpeculativeEngine:
             if self.compact and any(active[i] for i in rows) and not all(active[i] for i in rows):
                 keys, rows = self._compact(cache, keys, group, rows, active)
             if self.controller is not None:
-                self.controller.observe_batch(observed)
+                self.controller.observe_batch(observed, critical=critical)
             _sync(dev)
             td = time.perf_counter()
             if self.controller is not None and observed and not first_round:  # measured round vs latency model

@@ -181,6 +181,15 @@ class AcceptanceTracker:
 class BlockSizeController:
     """Picks bs before each round to maximise expected committed tokens per second.
 
+    In a batch (``concurrency > 1``, ``makespan``) a round's time has a part paid once per round (the
+    target's and drafter's fixed cost; the 2-point split of ``T(bs, 1)`` and ``T(bs, c)``) and a part per request.
+    Finished requests leave the batch, so the per-request part buys every request's expected progress ``E[L]``,
+    but the per-round part is paid until the **last** request finishes: it buys the progress of the critical
+    requests (those with the most tokens left when the round starts), whose acceptance a second tracker follows.
+    A round is priced ``T + fixed * (E[L] / E[L_crit] - 1)``; with one request, or critical requests that accept
+    as well as the rest, this is ``T``. Measured on the CPU default (Table 4, c = 8, bs 2): requests needed 22.8
+    rounds on average but the batch ran 28, so a round that pays 1.08x by the mean acceptance ran at 0.95x AR.
+
     Args:
         latency: a :class:`~dscout.decoding.latency.LatencyModel` of this target/drafter on this machine.
         max_block_size: the drafter's largest training horizon (upper bound of bs).
@@ -205,15 +214,20 @@ class BlockSizeController:
             for is not made (Table 4 at c = 16: drafted in 92 % of the second batch's rounds at 0.69x AR). The
             engines feed back no time for the first round of a generation (one-off costs after the prefill), so
             the baseline is the first fed-back round.
+        makespan: price the per-round part of a batch round by the critical requests' acceptance (above).
     Attributes:
         overhead_seconds: wall seconds spent in :meth:`choose` and the feedback (the controller's cost per run).
+        FIRST_ROUNDS: a class's first measured rounds (with the ratio it borrowed) set its ratio by their lower
+            median; the clipped average follows from then on.
     """
+
+    FIRST_ROUNDS = 3
 
     def __init__(self, latency, max_block_size: int, candidates: list[int] | None = None, decay: float = 0.9,
                  prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64,
                  idle_decay: float = 0.998, time_weight: float = 0.1, long_decay: float = 0.99,
                  time_relax: float = 0.003, baseline_round: bool = True, time_clip: float | None = 1.1,
-                 recent_strength: float | None = 10.0, explore: float = 0.5):
+                 recent_strength: float | None = 10.0, explore: float = 0.5, makespan: bool = True):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
@@ -221,6 +235,10 @@ class BlockSizeController:
         self.candidates = sorted({b for b in (candidates or range(1, max_block_size + 1)) if 1 <= b <= max_block_size})
         self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior, idle_decay,
                                          long_decay, recent_strength, explore)
+        # the same statistics over the batch's critical requests only (most tokens left when the round started)
+        self.critical = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior, idle_decay,
+                                          long_decay, recent_strength, explore)
+        self.makespan = bool(makespan)
         self.overhead_seconds = 0.0
         self.catchup_horizon = max(int(catchup_horizon), 1)
         self.time_weight = float(time_weight)
@@ -229,14 +247,17 @@ class BlockSizeController:
         self.time_clip = float(time_clip) if time_clip else None
         self.time_ratio = {False: 1.0, True: 1.0}  # measured / predicted round seconds: (drafting?) -> ratio
         self.timed = {False: 0, True: 0}  # measured rounds per class
+        self._first = {False: [], True: []}  # a class's first measured ratios (and the one it borrowed)
         self._frozen = False
 
     def reset(self) -> None:
         """Forget every observation and the overhead so far (e.g. after an untimed warm-up)."""
         self.tracker.reset()
+        self.critical.reset()
         self.overhead_seconds = 0.0
         self.time_ratio = {False: 1.0, True: 1.0}
         self.timed = {False: 0, True: 0}
+        self._first = {False: [], True: []}
 
     def choose(self, concurrency: int = 1, limit: int | None = None, pending: int = 0,
                left: int | None = None) -> int:
@@ -257,13 +278,12 @@ class BlockSizeController:
             # drafted round's measured time is compared with (an AR step: nothing is lost but the drafts)
             self.overhead_seconds += time.perf_counter() - t0
             return self.candidates[0]
-        s = self.tracker.survival()
         hi = self.max_block_size if limit is None else min(limit, self.max_block_size)
         pool = [b for b in self.candidates if b <= hi] or self.candidates[:1]
-        expected = [1.0]  # expected[bs - 1] = E[L(bs)], one pass over the survival products
-        for x in s[: pool[-1] - 1]:
-            expected.append(expected[-1] + x)
+        expected = self._expected(self.tracker, pool[-1])
         lat, c = self.latency, concurrency
+        split = self.makespan and c > 1 and any(self.critical.long_trials)
+        crit = self._expected(self.critical, pool[-1]) if split else expected
         horizon = float(self.catchup_horizon if left is None else max(min(left, self.catchup_horizon), 1))
         best, best_rate = pool[0], -1.0
         ratio = {k: self.time_ratio[k if self.timed[k] else not k] for k in (False, True)}
@@ -272,11 +292,23 @@ class BlockSizeController:
             t = lat.round_seconds(bs, c, committed=e)
             if bs > 1 and pending > e:  # a backlog: one-off catch-up, spread over the tokens it pays for
                 t += (lat.commit_seconds(pending, c) - lat.commit_seconds(e, c)) * e / max(horizon, e)
+            if split and crit[bs - 1] < e:  # the per-round part buys the critical requests' progress only
+                one = lat.round_seconds(bs, 1, committed=e)
+                fixed = min(max(one - (t - one) / (c - 1), 0.0), t)
+                t += fixed * (e / crit[bs - 1] - 1.0)
             rate = e / (t * ratio[bs > 1])
             if rate > best_rate:
                 best, best_rate = bs, rate
         self.overhead_seconds += time.perf_counter() - t0
         return best
+
+    @staticmethod
+    def _expected(tracker, largest: int) -> list[float]:
+        """``[E[L(1)], ..., E[L(largest)]]`` from a tracker's survival products (one pass)."""
+        out = [1.0]
+        for x in tracker.survival()[: largest - 1]:
+            out.append(out[-1] + x)
+        return out
 
     @contextlib.contextmanager
     def frozen(self):
@@ -311,13 +343,23 @@ class BlockSizeController:
         if predicted > 0:
             ratio = min(max(seconds / predicted, 0.25), 4.0)
             key = bs > 1
-            if self.timed[key]:
-                r = self.time_ratio[key]
-                if self.time_clip:  # one round moves the estimate by at most time_weight x (clip - 1) of itself
-                    ratio = min(max(ratio, r / self.time_clip), r * self.time_clip)
-                self.time_ratio[key] += self.time_weight * (ratio - r)
-            else:  # the first measurement of a class sets its ratio (averaged from then on)
-                self.time_ratio[key] = ratio
+            if self.timed[key] >= self.FIRST_ROUNDS or (not self.timed[key] and not self.timed[not key]):
+                if self.timed[key]:
+                    r = self.time_ratio[key]
+                    if self.time_clip:  # one round moves the estimate by at most time_weight x (clip - 1) of itself
+                        ratio = min(max(ratio, r / self.time_clip), r * self.time_clip)
+                    self.time_ratio[key] += self.time_weight * (ratio - r)
+                else:  # the job's first measured round sets its class's ratio
+                    self.time_ratio[key] = ratio
+            else:
+                # a class's first rounds, the other class measured: the lower median of the ratio it borrowed and
+                # its measured ones, so one slow round (a first call at a new shape: 108 ms against 64 ms for the
+                # next drafted rounds, Table 4 at c = 1) does not price drafting out, while a second round that
+                # confirms it does
+                if not self.timed[key]:
+                    self._first[key] = [self.time_ratio[not key]]
+                self._first[key].append(ratio)
+                self.time_ratio[key] = sorted(self._first[key])[(len(self._first[key]) - 1) // 2]
             self.timed[key] += 1
             if self.timed[not key]:  # the class not chosen drifts towards this one until measured again
                 self.time_ratio[not key] += self.time_relax * (self.time_ratio[key] - self.time_ratio[not key])
@@ -327,12 +369,18 @@ class BlockSizeController:
         """Feed back one request's round: ``drafted`` drafts, ``accepted`` of them accepted."""
         self.observe_batch([(drafted, accepted)])
 
-    def observe_batch(self, rounds: list[tuple[int, int]]) -> None:
-        """Feed back one batch round: ``(drafted, accepted)`` per active request (decay once per round)."""
+    def observe_batch(self, rounds: list[tuple[int, int]], critical: list[int] | None = None) -> None:
+        """Feed back one batch round: ``(drafted, accepted)`` per active request (decay once per round).
+
+        Args:
+            critical: indices into ``rounds`` of the requests that had the most tokens left when the round started
+                (the batch ends with them); None = every request.
+        """
         if self._frozen:
             return
         t0 = time.perf_counter()
         self.tracker.update_batch(rounds)
+        self.critical.update_batch(rounds if critical is None else [rounds[j] for j in critical])
         self.overhead_seconds += time.perf_counter() - t0
 
 

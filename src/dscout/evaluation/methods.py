@@ -114,7 +114,7 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, co
         proposer: a :class:`~dscout.decoding.proposers.BlockDiffusionProposer`; bs may range up to its drafter's
             largest training horizon.
         settings: the config's ``controller`` section (decay, long_decay, idle_decay, prior_strength, recent_strength,
-            explore, prior, time_weight, time_relax, time_clip, catchup_horizon, calibration_*).
+            explore, prior, time_weight, time_relax, time_clip, catchup_horizon, makespan, calibration_*).
         concurrency: the c the verify term is calibrated at (besides 1).
         context_tokens: the job's typical context (:func:`typical_context_tokens`), used when
             ``settings["calibration_context_tokens"]`` is unset.
@@ -131,5 +131,5 @@ def online_controller(target, proposer, settings: dict, concurrency: int = 1, co
                                 or DEFAULT_CALIBRATION_CONTEXT,
                                 repeats=settings.get("calibration_repeats", 5))
     knobs = ("decay", "prior_strength", "prior", "catchup_horizon", "long_decay", "idle_decay", "time_weight",
-             "time_relax", "time_clip", "recent_strength", "explore")  # unset ones take BlockSizeController's defaults (the schema's)
+             "time_relax", "time_clip", "recent_strength", "explore", "makespan")  # unset ones take BlockSizeController's defaults (the schema's)
     return BlockSizeController(latency, horizon, **{k: settings[k] for k in knobs if k in settings})
