@@ -58,6 +58,9 @@ class Replay:
 
 
 def test_ragged_long_acceptances_keep_every_request_exact(target):
+    from dscout.decoding.controller import BlockSizeController
+    from dscout.decoding.latency import LatencyModel
+
     ar = SpeculativeEngine(target, stop_token_ids=[])
     prompts = _prompts(4, 7)
     Replay.refs = {tuple(p): p + ar.generate(p, 24).output_ids for p in prompts}
@@ -66,6 +69,17 @@ def test_ragged_long_acceptances_keep_every_request_exact(target):
     assert any(n > 2 for ls in lengths for n in ls) and len({tuple(ls) for ls in lengths}) > 1  # ragged
     for p, r in zip(prompts, out.results):
         assert p + r.output_ids == Replay.refs[tuple(p)]
+    # with a controller that always drafts bs 6: the finished batch tells it which share of the mean excess
+    # acceptance its last request got (the batch waited for it)
+    free = LatencyModel(num_taps=1, num_layers=1, draft=[0.0, 0.0, 0.0, 0.0], commit=[0.0, 0.0],
+                        verify=[0.05, 0.0, 0.0])
+    ctl = BlockSizeController(free, 6, candidates=[6], time_weight=0.0)
+    out = BatchedSpeculativeEngine(target, Replay, stop_token_ids=[], controller=ctl).generate(prompts, 24, 6)
+    rounds = [len(r.accept_lengths) for r in out.results]
+    last = [i for i, n in enumerate(rounds) if n == max(rounds)]
+    excess = [sum(n - 1 for n in r.accept_lengths[:-1]) for r in out.results]  # accepted drafts (last round cut)
+    share = (sum(excess[i] for i in last) / sum(rounds[i] for i in last)) / (sum(excess) / sum(rounds))
+    assert ctl.rho == pytest.approx(min(share, 1.0), rel=0.2) and ctl.rho < 1.0
 
 
 def test_serving_records_and_table4_pick_the_best_block_size(target, tmp_path):

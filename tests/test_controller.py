@@ -482,9 +482,11 @@ def test_the_first_round_measures_the_baseline_and_a_confirmed_first_measurement
     ctl = BlockSizeController(lat, max_block_size=8, prior_strength=1e-9)
     for _ in range(20):
         ctl.observe(7, 1)  # a_1 = 1, a_2 = 0: E[L(bs >= 3)] = 2
-    assert ctl.choose(8) == 1 and ctl.choose(8) == 1  # until a bs 1 round is timed
-    ctl.observe_time(1, 8, 1.2 * lat.round_seconds(1, 8))
-    assert ctl.time_ratio[False] == pytest.approx(1.2)
+    assert ctl.choose(8) == 1 and ctl.choose(8) == 1  # until FIRST_ROUNDS bs 1 rounds are timed
+    for slow in (1.5, 1.2, 1.1):
+        assert ctl.choose(8) == 1
+        ctl.observe_time(1, 8, slow * lat.round_seconds(1, 8))
+    assert ctl.time_ratio[False] == pytest.approx(1.2)  # their (lower) median
     b = ctl.choose(8)
     assert b > 1
     slow = 2.7 * lat.round_seconds(b, 8, committed=2.0, pending=2.0)
@@ -507,7 +509,8 @@ def test_one_slow_first_drafted_round_does_not_price_drafting_out():
     ctl = BlockSizeController(lat, max_block_size=8, prior_strength=1e-9)
     for _ in range(20):
         ctl.observe(7, 1)
-    ctl.observe_time(1, 1, lat.round_seconds(1, 1))
+    for _ in range(BlockSizeController.FIRST_ROUNDS):
+        ctl.observe_time(1, 1, lat.round_seconds(1, 1))
     b = ctl.choose(1)
     assert b > 1
     ctl.observe_time(b, 1, 1.8 * lat.round_seconds(b, 1, committed=2.0, pending=2.0), committed=2.0)
@@ -520,29 +523,37 @@ def test_one_slow_first_drafted_round_does_not_price_drafting_out():
     assert old.choose(1) == 1
 
 
-def test_a_batch_round_prices_its_fixed_part_by_the_requests_the_batch_waits_for():
-    """Four of eight requests accept their first draft every round, the four with the most tokens left none: by
-    the mean acceptance (E[L(2)] = 1.5) bs 2 pays at c = 8, but the round's fixed part buys the batch's end only
-    the critical requests' progress. With ``makespan`` the controller does not draft; with one request, or critical
-    requests that accept like the rest, the price is the plain T(bs, c)."""
+def test_a_batch_round_prices_its_fixed_part_by_the_request_the_batch_waits_for():
+    """By the mean acceptance (E[L(2)] = 1.5) bs 2 pays at c = 8; but in the finished batches the last request
+    accepted none of its drafts, and a round's fixed part buys the batch's end only that request's progress. With
+    ``makespan`` the controller then does not draft at c = 8; at c = 1, before any batch finished, without drafts
+    or accepted drafts in a batch, frozen, or with ``makespan`` off, the price is the plain T(bs, c)."""
     lat = cpu_like_latency()
     chosen = {}
     for makespan in (True, False):
         ctl = _decider(lat, max_block_size=8, prior_strength=1e-9, makespan=makespan)
         for _ in range(30):
-            ctl.observe_batch([(7, 1)] * 4 + [(7, 0)] * 4, critical=[4, 5, 6, 7])
+            ctl.observe_batch([(7, 1)] * 4 + [(7, 0)] * 4)
+        before = ctl.choose(8)
+        ctl.observe_makespan((0, 0), (100, 40))  # the last request never drafted: nothing learnt
+        ctl.observe_makespan((20, 5), (0, 0))
+        with ctl.frozen():
+            ctl.observe_makespan((20, 0), (160, 80))
+        assert ctl.rho is None and ctl.choose(8) == before == 2
+        ctl.observe_makespan((20, 0), (160, 80))
+        assert ctl.rho == 0.0
         chosen[makespan] = ctl.choose(8), ctl.choose(1)
     assert chosen[False][0] == 2 and chosen[True][0] == 1
     assert chosen[True][1] == chosen[False][1] == 2  # one request: nothing to wait for
     one = lat.round_seconds(2, 1, committed=1.5)
     fixed = one - (lat.round_seconds(2, 8, committed=1.5) - one) / 7
     assert 0 < fixed < one  # the split the price uses: a real per-round part
-    same = _decider(lat, max_block_size=8, prior_strength=1e-9)
-    alike = _decider(lat, max_block_size=8, prior_strength=1e-9, makespan=False)
-    for _ in range(30):
-        same.observe_batch([(7, 3)] * 8, critical=[6, 7])
-        alike.observe_batch([(7, 3)] * 8)
-    assert same.choose(8) == alike.choose(8) > 1
+    ctl = _decider(lat, max_block_size=8, makespan_weight=0.5)
+    ctl.observe_makespan((10, 2), (80, 32))  # share 0.2 / 0.4
+    ctl.observe_makespan((10, 6), (80, 16))  # share 3: clipped to 1
+    assert ctl.rho == pytest.approx(0.75)
+    ctl.reset()
+    assert ctl.rho is None
 
 
 class _CountingController(BlockSizeController):

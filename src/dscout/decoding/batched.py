@@ -225,14 +225,13 @@ class BatchedSpeculativeEngine:
             keys, rows = self._compact(cache, keys, group, rows, active)
         spent = self.controller.overhead_seconds if self.controller is not None else 0.0
         first_round = True  # its time is not fed back: the first decode after a prefill pays one-off costs
+        drafted, accepted = [0] * B, [0] * B  # per request: rounds with drafts, drafts accepted
         while any(active[i] for i in rows):
             ta = time.perf_counter()
             n_rows = len(rows)
             bs_round = bs
             if self.controller is not None:
-                lefts = [max_new_tokens - len(results[i].output_ids) for i in rows if active[i]]
-                left = max(lefts)
-                critical = [j for j, x in enumerate(lefts) if x == left]  # the batch ends with these requests
+                left = max(max_new_tokens - len(results[i].output_ids) for i in rows if active[i])
                 kept = group.pending_tokens if group is not None else max(
                     (getattr(proposers[i], "pending_tokens", 0) for i in rows if proposers[i] is not None),
                     default=0)
@@ -286,6 +285,9 @@ class BatchedSpeculativeEngine:
                 k = len(drafts[j])
                 n, bonus = greedy_accept(torch.as_tensor(drafts[j], device=dev), out.logits[j, : k + 1])
                 observed.append((k, n))
+                if k > 0:
+                    drafted[i] += 1
+                    accepted[i] += n
                 committed_slots[j, : n + 1] = True
                 if group is not None:
                     group.commit(j, out.taps[j, : n + 1])
@@ -311,7 +313,7 @@ class BatchedSpeculativeEngine:
             if self.compact and any(active[i] for i in rows) and not all(active[i] for i in rows):
                 keys, rows = self._compact(cache, keys, group, rows, active)
             if self.controller is not None:
-                self.controller.observe_batch(observed, critical=critical)
+                self.controller.observe_batch(observed)
             _sync(dev)
             td = time.perf_counter()
             if self.controller is not None and observed and not first_round:  # measured round vs latency model
@@ -327,6 +329,11 @@ class BatchedSpeculativeEngine:
                 yield
         batch.decode_seconds = busy
         if self.controller is not None:
+            if B > 1:  # which share of the batch's acceptance its last request got (the batch waited for it)
+                rounds = [len(r.accept_lengths) for r in results]
+                last = [i for i in range(B) if rounds[i] == max(rounds)]
+                self.controller.observe_makespan((sum(drafted[i] for i in last), sum(accepted[i] for i in last)),
+                                                 (sum(drafted), sum(accepted)))
             batch.controller_seconds = self.controller.overhead_seconds - spent
         for r in results:
             r.decode_seconds = batch.decode_seconds

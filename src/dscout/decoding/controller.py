@@ -184,11 +184,13 @@ class BlockSizeController:
     In a batch (``concurrency > 1``, ``makespan``) a round's time has a part paid once per round (the
     target's and drafter's fixed cost; the 2-point split of ``T(bs, 1)`` and ``T(bs, c)``) and a part per request.
     Finished requests leave the batch, so the per-request part buys every request's expected progress ``E[L]``,
-    but the per-round part is paid until the **last** request finishes: it buys the progress of the critical
-    requests (those with the most tokens left when the round starts), whose acceptance a second tracker follows.
-    A round is priced ``T + fixed * (E[L] / E[L_crit] - 1)``; with one request, or critical requests that accept
-    as well as the rest, this is ``T``. Measured on the CPU default (Table 4, c = 8, bs 2): requests needed 22.8
-    rounds on average but the batch ran 28, so a round that pays 1.08x by the mean acceptance ran at 0.95x AR.
+    but the per-round part is paid until the **last** request finishes: it buys only that request's progress. The
+    controller learns from each finished batch (:meth:`observe_makespan`) the share ``rho`` of the mean excess
+    acceptance ``E[L] - 1`` that its last request got, and prices a round ``T + fixed * (E[L] / E[L_last] - 1)``
+    with ``E[L_last] = 1 + rho (E[L] - 1)``; before a batch has finished, or with one request, this is ``T``.
+    Measured on the CPU default (Table 4, c = 8, bs 2, finished requests leaving the batch): the requests needed
+    22.8 rounds on average but the batch ran 28 (its last request, HumanEval/68, accepted 4 drafts in 28 rounds),
+    so rounds that paid 1.1x by the mean acceptance ran the batch at 0.95x AR.
 
     Args:
         latency: a :class:`~dscout.decoding.latency.LatencyModel` of this target/drafter on this machine.
@@ -208,17 +210,19 @@ class BlockSizeController:
             rounds. Found on the CPU default's GSM8K job (9 repeats): five slow drafted rounds raised the drafted
             class's ratio from 1.01 to 1.15 while its rounds' median stayed 1.00x the model, and the controller then
             ran 73, 115 and 36 of a repeat's rounds at bs 1 where bs 4 is 16 % faster than AR.
-        baseline_round: with time feedback on, the first round (until a round without drafts has been timed) does
-            not draft: it measures the baseline the drafted rounds' measured times are compared with. Without it a
+        baseline_round: with time feedback on, the first rounds (until ``FIRST_ROUNDS`` rounds without drafts have
+            been timed) do not draft: they measure the baseline the drafted rounds' measured times are compared with. Without it a
             drafting class measured alone lends its ratio to not drafting, and the comparison the feedback exists
             for is not made (Table 4 at c = 16: drafted in 92 % of the second batch's rounds at 0.69x AR). The
             engines feed back no time for the first round of a generation (one-off costs after the prefill), so
-            the baseline is the first fed-back round.
-        makespan: price the per-round part of a batch round by the critical requests' acceptance (above).
+            the baseline starts with the first fed-back round.
+        makespan: price the per-round part of a batch round by its last request's expected progress (above).
+        makespan_weight: weight of the newest finished batch in ``rho``.
     Attributes:
         overhead_seconds: wall seconds spent in :meth:`choose` and the feedback (the controller's cost per run).
         FIRST_ROUNDS: a class's first measured rounds (with the ratio it borrowed) set its ratio by their lower
-            median; the clipped average follows from then on.
+            median; the clipped average follows from then on. The baseline (``baseline_round``) is this many timed
+            rounds without drafts.
     """
 
     FIRST_ROUNDS = 3
@@ -227,7 +231,8 @@ class BlockSizeController:
                  prior_strength: float = 2.0, prior: float = 0.5, catchup_horizon: int = 64,
                  idle_decay: float = 0.998, time_weight: float = 0.1, long_decay: float = 0.99,
                  time_relax: float = 0.003, baseline_round: bool = True, time_clip: float | None = 1.1,
-                 recent_strength: float | None = 10.0, explore: float = 0.5, makespan: bool = True):
+                 recent_strength: float | None = 10.0, explore: float = 0.5, makespan: bool = True,
+                 makespan_weight: float = 0.5):
         if max_block_size < 1:
             raise ValueError("max_block_size must be >= 1")
         self.latency = latency
@@ -235,10 +240,9 @@ class BlockSizeController:
         self.candidates = sorted({b for b in (candidates or range(1, max_block_size + 1)) if 1 <= b <= max_block_size})
         self.tracker = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior, idle_decay,
                                          long_decay, recent_strength, explore)
-        # the same statistics over the batch's critical requests only (most tokens left when the round started)
-        self.critical = AcceptanceTracker(max(max_block_size - 1, 1), decay, prior_strength, prior, idle_decay,
-                                          long_decay, recent_strength, explore)
         self.makespan = bool(makespan)
+        self.makespan_weight = float(makespan_weight)
+        self.rho = None  # share of the mean excess acceptance the last request of a batch gets (None: no batch yet)
         self.overhead_seconds = 0.0
         self.catchup_horizon = max(int(catchup_horizon), 1)
         self.time_weight = float(time_weight)
@@ -253,7 +257,7 @@ class BlockSizeController:
     def reset(self) -> None:
         """Forget every observation and the overhead so far (e.g. after an untimed warm-up)."""
         self.tracker.reset()
-        self.critical.reset()
+        self.rho = None
         self.overhead_seconds = 0.0
         self.time_ratio = {False: 1.0, True: 1.0}
         self.timed = {False: 0, True: 0}
@@ -272,8 +276,8 @@ class BlockSizeController:
             bs in ``candidates`` (at most ``limit``; the smallest candidate if none fits).
         """
         t0 = time.perf_counter()
-        if (self.baseline_round and self.time_weight > 0 and not self.timed[False] and not self._frozen
-                and self.candidates[0] == 1):
+        if (self.baseline_round and self.time_weight > 0 and self.timed[False] < self.FIRST_ROUNDS
+                and not self._frozen and self.candidates[0] == 1):
             # the first round of a job does not draft: it measures what not drafting costs here, the baseline every
             # drafted round's measured time is compared with (an AR step: nothing is lost but the drafts)
             self.overhead_seconds += time.perf_counter() - t0
@@ -282,8 +286,7 @@ class BlockSizeController:
         pool = [b for b in self.candidates if b <= hi] or self.candidates[:1]
         expected = self._expected(self.tracker, pool[-1])
         lat, c = self.latency, concurrency
-        split = self.makespan and c > 1 and any(self.critical.long_trials)
-        crit = self._expected(self.critical, pool[-1]) if split else expected
+        split = self.makespan and c > 1 and self.rho is not None and self.rho < 1.0
         horizon = float(self.catchup_horizon if left is None else max(min(left, self.catchup_horizon), 1))
         best, best_rate = pool[0], -1.0
         ratio = {k: self.time_ratio[k if self.timed[k] else not k] for k in (False, True)}
@@ -292,10 +295,10 @@ class BlockSizeController:
             t = lat.round_seconds(bs, c, committed=e)
             if bs > 1 and pending > e:  # a backlog: one-off catch-up, spread over the tokens it pays for
                 t += (lat.commit_seconds(pending, c) - lat.commit_seconds(e, c)) * e / max(horizon, e)
-            if split and crit[bs - 1] < e:  # the per-round part buys the critical requests' progress only
+            if split and bs > 1:  # the per-round part buys the progress of the request the batch ends with
                 one = lat.round_seconds(bs, 1, committed=e)
                 fixed = min(max(one - (t - one) / (c - 1), 0.0), t)
-                t += fixed * (e / crit[bs - 1] - 1.0)
+                t += fixed * (e / (1.0 + self.rho * (e - 1.0)) - 1.0)
             rate = e / (t * ratio[bs > 1])
             if rate > best_rate:
                 best, best_rate = bs, rate
@@ -343,21 +346,20 @@ class BlockSizeController:
         if predicted > 0:
             ratio = min(max(seconds / predicted, 0.25), 4.0)
             key = bs > 1
-            if self.timed[key] >= self.FIRST_ROUNDS or (not self.timed[key] and not self.timed[not key]):
-                if self.timed[key]:
-                    r = self.time_ratio[key]
-                    if self.time_clip:  # one round moves the estimate by at most time_weight x (clip - 1) of itself
-                        ratio = min(max(ratio, r / self.time_clip), r * self.time_clip)
-                    self.time_ratio[key] += self.time_weight * (ratio - r)
-                else:  # the job's first measured round sets its class's ratio
-                    self.time_ratio[key] = ratio
+            if self.timed[key] >= self.FIRST_ROUNDS:
+                r = self.time_ratio[key]
+                if self.time_clip:  # one round moves the estimate by at most time_weight x (clip - 1) of itself
+                    ratio = min(max(ratio, r / self.time_clip), r * self.time_clip)
+                self.time_ratio[key] += self.time_weight * (ratio - r)
             else:
-                # a class's first rounds, the other class measured: the lower median of the ratio it borrowed and
-                # its measured ones, so one slow round (a first call at a new shape: 108 ms against 64 ms for the
-                # next drafted rounds, Table 4 at c = 1) does not price drafting out, while a second round that
-                # confirms it does
+                # a class's first rounds: the lower median of its measured ratios and, if the other class was
+                # measured first, the ratio it borrowed from it. One slow round (a first call at a new shape: 108 ms
+                # against 64 ms for the next drafted rounds, Table 4 at c = 1) then does not price drafting out,
+                # while a second round that confirms it does; the baseline (bs 1) is the lower median of its first
+                # FIRST_ROUNDS rounds, not one round (an early bs-1 round at c = 8 took 88 ms against AR's 81 ms
+                # average, and that one round made every drafted round look 8 % cheaper than it was)
                 if not self.timed[key]:
-                    self._first[key] = [self.time_ratio[not key]]
+                    self._first[key] = [self.time_ratio[not key]] if self.timed[not key] else []
                 self._first[key].append(ratio)
                 self.time_ratio[key] = sorted(self._first[key])[(len(self._first[key]) - 1) // 2]
             self.timed[key] += 1
@@ -369,19 +371,24 @@ class BlockSizeController:
         """Feed back one request's round: ``drafted`` drafts, ``accepted`` of them accepted."""
         self.observe_batch([(drafted, accepted)])
 
-    def observe_batch(self, rounds: list[tuple[int, int]], critical: list[int] | None = None) -> None:
-        """Feed back one batch round: ``(drafted, accepted)`` per active request (decay once per round).
-
-        Args:
-            critical: indices into ``rounds`` of the requests that had the most tokens left when the round started
-                (the batch ends with them); None = every request.
-        """
+    def observe_batch(self, rounds: list[tuple[int, int]]) -> None:
+        """Feed back one batch round: ``(drafted, accepted)`` per active request (decay once per round)."""
         if self._frozen:
             return
         t0 = time.perf_counter()
         self.tracker.update_batch(rounds)
-        self.critical.update_batch(rounds if critical is None else [rounds[j] for j in critical])
         self.overhead_seconds += time.perf_counter() - t0
+
+
+    def observe_makespan(self, last: tuple[int, int], everyone: tuple[int, int]) -> None:
+        """Feed back a finished batch: ``(drafted rounds, accepted drafts)`` of the request(s) that finished in its
+        last round, and of all its requests. Updates ``rho``, the share of the mean excess acceptance per drafted
+        round that the last request got (clipped to [0, 1]); a batch without drafted rounds or accepted drafts
+        teaches nothing."""
+        if self._frozen or last[0] <= 0 or everyone[0] <= 0 or everyone[1] <= 0:
+            return
+        share = min(max((last[1] / last[0]) / (everyone[1] / everyone[0]), 0.0), 1.0)
+        self.rho = share if self.rho is None else self.rho + self.makespan_weight * (share - self.rho)
 
 
 __all__ = ["AcceptanceTracker", "BlockSizeController"]
