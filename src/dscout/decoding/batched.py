@@ -100,7 +100,7 @@ class BatchedSpeculativeEngine:
             does the same (SGLang filters finished requests out of its running batch). Speculative requests finish
             after different numbers of rounds, and without it the batch's last rounds verified every finished row
             as padding: at c = 8 with bs 2 the batch ran 28 rounds where its requests needed 22.8 on average. False
-            keeps every row to the end (the engine before 2026-12-07, for measurement).
+            keeps every row to the end (the engine until 2026-12-06, for measurement).
     """
 
     def __init__(self, target, proposer_factory=None, stop_token_ids: list[int] | tuple[int, ...] = (),
