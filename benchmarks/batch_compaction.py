@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 
 def main(argv=None):
@@ -37,7 +36,7 @@ def main(argv=None):
     from dscout.decoding.batched import BatchedSpeculativeEngine
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.models.export import drafter_for_target
-    from serving_batch import load_serving_batch
+    from serving_batch import emit_report, load_serving_batch
 
     levels = [int(c) for c in a.concurrency.split(",")]
     target, _, pool, stops = load_serving_batch(a.target, a.data_root, a.benchmarks, max(levels), a.threads)
@@ -89,10 +88,7 @@ def main(argv=None):
                 lines.append(f"| {c} | {name} | {'on' if compact else 'off'} | {med(x[0] for x in v):.2f} | "
                              f"{med(x[1] for x in v):.0f} | {med(x[2] for x in v):.1f} | {med(ratios):.3f} "
                              f"[{min(ratios):.3f}, {max(ratios):.3f}] |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text)
+    emit_report(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -25,3 +25,13 @@ def load_serving_batch(target_path: str, data_root_path: str, benchmarks: str, c
     pool = [item for group in zip(*lists) for item in group][:concurrency]
     prompts = _first_turn_ids(target.tokenizer, pool, {"system_prompt": None, "enable_thinking": False})
     return target, pool, prompts, stop_token_ids(target, ["<|im_end|>"])
+
+
+def emit_report(lines: list[str], out: str | None) -> None:
+    """Print a benchmark's markdown report (``lines``) and write it to ``out`` when given."""
+    from pathlib import Path
+
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).write_text(text)

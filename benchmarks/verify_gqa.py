@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import sys
-from pathlib import Path
 
 
 def main(argv=None):
@@ -37,7 +36,7 @@ def main(argv=None):
     from dscout.decoding.batched import BatchedSpeculativeEngine
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.models.export import drafter_for_target
-    from serving_batch import load_serving_batch
+    from serving_batch import emit_report, load_serving_batch
 
     target, _, prompts, stops = load_serving_batch(a.target, a.data_root, a.benchmarks, a.concurrency, a.threads)
     d = drafter_for_target(a.dscout, target, packed=True)
@@ -73,10 +72,7 @@ def main(argv=None):
         if r["ar"]:
             lines.append(f"| {name} | {med(r['ar']):.2f} | {med(r['spec']):.2f} | {med(r['spec_verify']):.2f} | "
                          f"{med(r['ratio']):.3f} [{min(r['ratio']):.3f}, {max(r['ratio']):.3f}] |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text)
+    emit_report(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -379,7 +379,6 @@ class BlockSizeController:
         self.tracker.update_batch(rounds)
         self.overhead_seconds += time.perf_counter() - t0
 
-
     def observe_makespan(self, last: tuple[int, int], everyone: tuple[int, int]) -> None:
         """Feed back a finished batch: ``(drafted rounds, accepted drafts)`` of the request(s) that finished in its
         last round, and of all its requests. Updates ``rho``, the share of the mean excess acceptance per drafted
