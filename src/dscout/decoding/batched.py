@@ -331,8 +331,8 @@ class BatchedSpeculativeEngine:
         if self.controller is not None:
             if B > 1:  # which share of the batch's acceptance its last request got (the batch waited for it)
                 rounds = [len(r.accept_lengths) for r in results]
-                last = [i for i in range(B) if rounds[i] == max(rounds)]
-                self.controller.observe_makespan((sum(drafted[i] for i in last), sum(accepted[i] for i in last)),
+                final = [i for i, n in enumerate(rounds) if n == max(rounds)]  # finished in the batch's last round
+                self.controller.observe_makespan((sum(drafted[i] for i in final), sum(accepted[i] for i in final)),
                                                  (sum(drafted), sum(accepted)))
             batch.controller_seconds = self.controller.overhead_seconds - spent
         for r in results:
