@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from tests.workflow import copy_project, import_guard_env, snakemake
+from tests import checkout_guard
+from tests.workflow import ROOT, copy_project, import_guard_env, snakemake
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)  # tiny models: threading costs more than it gives
@@ -23,6 +24,30 @@ END_TO_END_GROUPS = {"test_pipeline.py": "smoke", "test_distributed_training.py"
                      "test_upstream.py": "smoke", "test_paper_mini.py": "paper_mini"}
 HEAVY_FIXTURES = {"smoke_run": "smoke", "slurm_run": "smoke", "local_slurm": "smoke", "runs": "smoke",
                   "full_vocab_run": "smoke", "smoke_artifacts_run": "smoke", "paper_mini_run": "paper_mini"}
+
+
+def pytest_sessionstart(session):
+    """The controller fingerprints the checkout's results/ and .snakemake/ before any test runs."""
+    if not hasattr(session.config, "workerinput"):
+        session.config._checkout_before = checkout_guard.snapshot(ROOT)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """... and fails the run if the suite added, removed or changed anything there (a user's finished run)."""
+    before = getattr(session.config, "_checkout_before", None)
+    if before is None:
+        return
+    changed = checkout_guard.differences(before, checkout_guard.snapshot(ROOT))
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = ("FAILED checkout guard: the suite touched the checkout's results/ or .snakemake/ "
+                   "(tests must plan and run in copies):\n  " + "\n  ".join(changed))
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(message, red=True)
+        else:
+            print(message)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def end_to_end_group(nodeid: str) -> str:

@@ -112,8 +112,9 @@ def test_a_relative_data_root_is_relative_to_the_project(tmp_path, monkeypatch):
 
 
 def test_readme_test_command_is_what_ci_runs():
-    """.ci/run installs with README step 1 (less its final `snakemake --cores all`) and runs README step 2 verbatim,
-    with no environment variable of its own: CI runs what the README tells a user to run."""
+    """.ci/run installs with README step 1, runs a main job in the checkout (the smoke preset standing in for the
+    CPU default: the one difference) and then README step 2 verbatim, with no environment variable of its own:
+    CI runs what the README tells a user to run, beside a populated results/."""
     readme = (ROOT / "README.md").read_text()
     block = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     commands = [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
@@ -123,8 +124,11 @@ def test_readme_test_command_is_what_ci_runs():
     assert main_job == "snakemake --cores all"
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert install in ci and tests in ci
-    assert ci.index(install) < ci.index(tests)
+    smoke = ". .venv/bin/activate && " + main_job + " --configfile presets/smoke.yaml"
+    assert ci.index(install) < ci.index(smoke) < ci.index(tests)
     code = [line for line in ci if line and not line.startswith("#")]
+    assert [line for line in code if line not in (install, smoke, tests)] == ["set -euo pipefail",
+                                                                             'cd "$(dirname "$0")/.."'], code
     assert not [line for line in code if line.startswith("export") or re.match(r"^[A-Z_]+=", line)], code
 
 

@@ -44,8 +44,25 @@ def snakemake_env(extra: dict | None = None) -> dict:
     return env
 
 
-def snakemake(*args, cwd=ROOT, check=True, timeout=900, env=None):
-    """``python -m snakemake ARGS`` in ``cwd``; raises AssertionError with the output tail if it fails."""
+_PLAN_COPY: Path | None = None
+
+
+def plan_copy() -> Path:
+    """A copy of the project (made once per test process, in a temporary folder) where the suite plans, lints and
+    dry-runs: never the checkout, whose ``results/`` and ``.snakemake/`` belong to the user (after README step 1
+    they hold a finished run, and a plan there finds nothing to do). Tests that write into it copy it themselves."""
+    global _PLAN_COPY
+    if _PLAN_COPY is None:
+        import tempfile
+
+        _PLAN_COPY = copy_project(Path(tempfile.mkdtemp(prefix="dscout-plan-")))
+    return _PLAN_COPY
+
+
+def snakemake(*args, cwd=None, check=True, timeout=900, env=None):
+    """``python -m snakemake ARGS`` in ``cwd`` (default: :func:`plan_copy`, never the checkout); raises
+    AssertionError with the output tail if it fails."""
+    cwd = plan_copy() if cwd is None else cwd
     r = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
                        env=snakemake_env(env), timeout=timeout)
     if check and r.returncode != 0:
