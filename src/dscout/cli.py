@@ -20,11 +20,11 @@ if __package__ in (None, ""):  # executed as a script: make the package importab
 
 
 def _device(name: str) -> str:
-    import torch
+    """This process's device for ``target.device`` = ``name``, made current (a rank of a multi-GPU launch gets
+    ``cuda:<LOCAL_RANK>``: :func:`dscout.models.placement.place_process`)."""
+    from dscout.models.placement import place_process
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+    return str(place_process(name))
 
 
 def _set_threads(threads: int | None) -> None:
@@ -143,15 +143,18 @@ def cmd_generate(a):
         generate_responses(target, prompts, out, max_new_tokens=r["max_new_tokens"], batch_size=r["batch_size"],
                            temperature=r["temperature"], system_prompt=st["chat"]["system_prompt"],
                            enable_thinking=st["chat"]["enable_thinking"], seed=r["seed"])
+    from dscout.data.packed import pack_responses
+
+    pack_responses(out)  # once, here: every training rank and job maps these files (dscout.data.packed)
     write_resolved(out.parent / "config.resolved.json", st)
 
 
 def _sequences(responses: str, r: dict):
-    from dscout.data.responses import training_sequences
-    from dscout.jsonl import read_jsonl
+    """The training sequences of ``responses`` (JSONL), memory-mapped from its packed copy (no per-row objects)."""
+    from dscout.data.packed import load_training_sequences
 
-    return training_sequences(read_jsonl(responses), max_length=r["max_length"],
-                              min_response_tokens=r["min_response_tokens"])
+    return load_training_sequences(responses, max_length=r["max_length"],
+                                   min_response_tokens=r["min_response_tokens"])
 
 
 def cmd_features(a):

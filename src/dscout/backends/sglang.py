@@ -39,13 +39,13 @@ def generate_responses_sglang(stage: dict, prompts: list[dict], out_path: str | 
     from transformers import AutoTokenizer
 
     from ..data.prompts import chat_prompt_ids
-    from ..jsonl import read_jsonl
+    from ..jsonl import scan_ids
 
     model = stage["target_source"] if "target_source" in stage else stage["target_load_from"]
     r = stage["responses"]
     tok = AutoTokenizer.from_pretrained(model)
     out_path = Path(out_path)
-    done = {row["id"] for row in read_jsonl(out_path)} if out_path.exists() else set()
+    done = scan_ids(out_path)  # ids only; a torn last line (a killed run) is cut off before appending
     todo = [p for p in prompts if p["id"] not in done]
     engine = sgl.Engine(model_path=model, dp_size=max(num_gpus, 1), tp_size=1, dtype="bfloat16",
                         mem_fraction_static=0.85)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..jsonl import read_jsonl, write_jsonl
+from ..jsonl import scan_ids
 from .prompts import chat_prompt_ids
 
 
@@ -27,7 +27,8 @@ def generate_responses(target, prompts: list[dict], out_path: str | os.PathLike,
                        enable_thinking: bool | None = False, seed: int = 0) -> Path:
     """Generate the target's responses to ``prompts`` with ``transformers`` (batched, resumable).
 
-    Rows already in ``out_path`` (same id) are kept and skipped, so a killed run continues where it stopped.
+    Rows already in ``out_path`` (same id) are kept and skipped, so a killed run continues where it stopped; the
+    restart reads their ids only (:func:`dscout.jsonl.scan_ids`), not the rows.
 
     Args:
         target: :class:`~dscout.models.target.TargetModel` (with tokenizer).
@@ -43,9 +44,7 @@ def generate_responses(target, prompts: list[dict], out_path: str | os.PathLike,
     """
     tok = target.tokenizer
     out_path = Path(out_path)
-    done = {r["id"] for r in read_jsonl(out_path)} if out_path.exists() else set()
-    if out_path.exists():  # drop a torn last line before appending
-        write_jsonl(read_jsonl(out_path), out_path)
+    done = scan_ids(out_path)  # the ids only (not the rows); a torn last line is cut off before appending
     todo = [p for p in prompts if p["id"] not in done]
     for p in todo:
         p["prompt_ids"] = chat_prompt_ids(tok, [{"role": "user", "content": p["prompt"]}], system_prompt,

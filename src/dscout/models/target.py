@@ -83,7 +83,8 @@ class TargetModel:
         Args:
             path: HF hub id or local directory.
             dtype: weight dtype (float32 on CPU is the fastest here; bfloat16 on GPUs).
-            device: torch device string.
+            device: torch device (string); a bare ``cuda`` is this rank's GPU, ``cuda:<LOCAL_RANK>``
+                (:func:`dscout.models.placement.rank_device`), never the current device by default.
             attn_implementation: ``sdpa`` (default), ``eager`` or ``flash_attention_2``.
         Raises:
             OSError: if the path holds no model (message names the path).
@@ -98,6 +99,10 @@ class TargetModel:
         except OSError as err:  # make the path obvious in the message
             raise OSError(f"cannot load target model from '{path}': {err}") from err
         tok = AutoTokenizer.from_pretrained(str(path))
+        if str(device) == "cuda":
+            from .placement import rank_device
+
+            device = rank_device("cuda")
         return cls(model.to(device), tok)
 
     # ------------------------------------------------------------------ shape facts

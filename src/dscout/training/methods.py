@@ -117,10 +117,18 @@ class DFlashMethod:
         if self.model.config.draft_vocab_size is not None:
             self.model.set_draft_vocab(response_token_counts(source, target.vocab_size))
 
-    def loss(self, model, batch, generator, target):
+    def update_horizon(self, generator: torch.Generator) -> int:
+        """The horizon B of one update (inclusion factor, docs/method.md §3): uniform over the recipe's
+        ``horizons``, drawn from ``generator``. The trainer seeds that generator from ``(seed, step)`` only, so every
+        rank and every micro-step of an update trains the same B (a rank that drew 32 would make the others wait
+        at the gradient all-reduce)."""
+        return self.recipe.draw_horizon(generator)
+
+    def loss(self, model, batch, generator, target, block_size: int | None = None):
         from .step import drafter_training_loss
 
         return drafter_training_loss(model, batch, self.recipe, self.cfg.num_anchors, generator,
+                                     block_size=block_size,
                                      distill_weight=float(self.cfg.options.get("distill_weight", 0.0)))
 
     def save(self, model, out_dir) -> dict:
@@ -134,7 +142,12 @@ class DFlashMethod:
 
 
 def response_token_counts(source, vocab_size: int) -> torch.Tensor:
-    """``[V]`` float counts of every response token (loss-mask positions) over the training sequences."""
+    """``[V]`` float counts of every response token (loss-mask positions) over the training sequences (in bulk
+    from a packed source's mapped file when it offers ``token_counts``, :mod:`dscout.data.packed`)."""
+    bulk = getattr(source, "token_counts", None)
+    counts = bulk(vocab_size, responses_only=True) if bulk is not None else None
+    if counts is not None:
+        return counts.float()
     counts = torch.zeros(vocab_size)
     for i in range(len(source)):
         ids, mask = source.tokens(i)

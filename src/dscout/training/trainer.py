@@ -12,8 +12,9 @@ and SIGINT end the current step, save a checkpoint at it (every rank agrees on t
 gather) and exit with ``128 + signal`` (:class:`TrainingInterrupted`), so a requeued job loses nothing.
 Data order and randomness are keyed by the *slot* of a micro-batch within the global batch of one update, not
 by the process that runs it: an update of ``world`` ranks x ``gradient_accumulation_steps`` micro-steps has
-``P = world * gas`` slots, slot ``p = rank * gas + micro``; its sequences and its RNG (horizon, anchors, reveal
-pattern) are pure functions of ``(seed, step, p)``. Hence
+``P = world * gas`` slots, slot ``p = rank * gas + micro``; its sequences and its RNG (anchors, reveal pattern) are
+pure functions of ``(seed, step, p)``, and the horizon B of the update is a pure function of ``(seed, step)``
+(:func:`update_horizon`: one B for every rank and micro-step, so no rank waits for a longer one). Hence
 
 * a resumed run reaches the same final step with the same data order as an uninterrupted one, and
 * ``N`` ranks with ``gas = 1`` and one rank with ``gas = N`` draw the same global batch and, since DeepSpeed
@@ -23,6 +24,9 @@ pattern) are pure functions of ``(seed, step, p)``. Hence
 
 Launch: single CPU process: ``dscout train ...`` (RANK/WORLD_SIZE default to 0/1, gloo). GPUs:
 ``deepspeed --num_gpus N src/dscout/cli.py train ...`` (nccl; on a CPU the same launcher starts N gloo ranks).
+Each rank resolves its device from ``LOCAL_RANK`` before loading the target (:mod:`dscout.models.placement`,
+called by the CLI): target, drafter, optimizer state and batches live on ``cuda:<LOCAL_RANK>``; the summary's
+``placement`` records what every rank used.
 """
 
 from __future__ import annotations
@@ -256,6 +260,21 @@ def sample_indices(step: int, slot: int, slots: int, micro_batch: int, n: int, s
     return out
 
 
+def update_horizon(method, seed: int, step: int) -> int | None:
+    """The horizon B every rank and micro-step of update ``step`` trains (None: the method draws none).
+
+    Drawn by ``method.update_horizon`` (:meth:`dscout.training.methods.DFlashMethod.update_horizon`: uniform over
+    the recipe's horizons, docs/method.md §3) from a generator seeded by ``(seed, step)`` alone, apart from the
+    per-slot streams (anchors, reveal pattern): all ranks draw the same B without communicating, so no rank waits
+    at the gradient all-reduce for another that drew a longer horizon, and ``N`` ranks still draw what one process
+    accumulating ``N`` micro-steps draws. A resumed run draws the same B for the same step.
+    """
+    draw = getattr(method, "update_horizon", None)
+    if draw is None:
+        return None
+    return int(draw(torch.Generator().manual_seed((1 << 62) + seed * 1_000_003 + step)))
+
+
 def _ds_config(path: str, cfg: TrainConfig, total_steps: int, world: int) -> dict:
     p = Path(path)
     if not p.exists():
@@ -280,8 +299,17 @@ class _OnlineSource:
         return len(self.sequences)
 
     def tokens(self, i):
+        if hasattr(self.sequences, "arrays"):  # packed sequences (dscout.data.packed): read from the mapped file
+            ids, mask = self.sequences.arrays(i)
+            return torch.from_numpy(ids.astype("int64")), torch.from_numpy(mask)
         s = self.sequences[i]
         return torch.tensor(s["input_ids"]), torch.tensor(s["loss_mask"])
+
+    def token_counts(self, vocab_size: int | None, responses_only: bool = False, subset=None):
+        """``[vocab_size]`` token counts from the packed file in bulk; None for a list of sequences."""
+        if not hasattr(self.sequences, "token_counts"):
+            return None
+        return torch.from_numpy(self.sequences.token_counts(vocab_size, responses_only, subset))
 
     def batch(self, indices, dtype, device):
         b = online_batch(self.target, [self.sequences[i] for i in indices], self.layer_ids)
@@ -304,6 +332,12 @@ class SubsetSource:
 
     def tokens(self, i):
         return self.source.tokens(self.ids[i])
+
+    def token_counts(self, vocab_size: int | None, responses_only: bool = False, subset=None):
+        """Bulk token counts of the source's (packed) sequences in this subset; None when the source has none."""
+        counts = getattr(self.source, "token_counts", None)
+        ids = self.ids if subset is None else [self.ids[i] for i in subset]
+        return None if counts is None else counts(vocab_size, responses_only, ids)
 
     def batch(self, indices, dtype, device):
         return self.source.batch([self.ids[i] for i in indices], dtype, device)
@@ -396,22 +430,26 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     with flush_denormals(), StopSignals() as stop, open(log_path, "a") as log:
         for step in bar:
             t0 = time.perf_counter()
-            idx, losses = [], []
+            idx, losses, horizons = [], [], []
+            # the horizon B of this update: one draw per update, the same on every rank and micro-step
+            horizon = update_horizon(method, cfg.seed, step)
             for micro in range(gas):
                 slot = rank * gas + micro
                 ids = sample_indices(step, slot, slots, cfg.micro_batch_size, n, cfg.seed)
                 batch = source.batch(ids, dtype, device)
                 gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + slot)
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bfloat16"):
-                    loss, metrics = method.loss(model, batch, gen, target)
+                    loss, metrics = method.loss(model, batch, gen, target,
+                                                **({} if horizon is None else {"block_size": horizon}))
                 engine.backward(loss)  # DeepSpeed scales by 1 / gas and all-reduces (mean) at the boundary
                 engine.step()  # applies the update after the last micro-step only
                 # the log names sequences of the whole source (a held-out subset is renumbered inside)
                 idx += [source.ids[i] for i in ids] if isinstance(source, SubsetSource) else ids
                 losses.append(float(loss.detach()))
+                horizons.append(metrics.get("block_size"))
             _pause_for_test(step, stop, work, rank)
             # one collective per step: (sample ids, losses, stop signal) of every rank
-            gathered = _gather((idx, losses, stop.signum), world)
+            gathered = _gather((idx, losses, stop.signum, horizons), world)
             per_rank = [g[0] for g in gathered]
             all_losses = [x for g in gathered for x in g[1]]
             signum = next((g[2] for g in gathered if g[2] is not None), None)  # the same decision on every rank
@@ -419,7 +457,8 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                    "loss": sum(all_losses) / len(all_losses),  # the global batch's mean (what the update uses)
                    "lr": float(sched.get_last_lr()[0]) if sched is not None else cfg.lr,
                    "sample_ids": sum(per_rank, []), "sample_ids_per_rank": per_rank,
-                   "seconds": time.perf_counter() - t0, **metrics}
+                   "seconds": time.perf_counter() - t0, **metrics,
+                   "block_size_per_slot": [b for g in gathered for b in g[3]]}  # B of every micro-batch
             if rank == 0:
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
@@ -435,6 +474,8 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 raise RuntimeError(f"simulated crash after step {step}")
     bar.close()
     seconds = time.perf_counter() - t_start
+    # where each rank's tensors live (dscout.models.placement: rank r of a node on cuda:r)
+    placement = _gather(_placement(rank, device, model, opt), world)
     out = Path(out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -445,6 +486,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                                         if l.strip()),
                    "drafter_parameters": sum(p.numel() for p in model.parameters()),
                    "num_sequences": n, "world_size": world, "mask_token_occurrences": mask_hits,
+                   "placement": placement,
                    # what DeepSpeed actually ran (not only what the JSON asked for)
                    "deepspeed": {"zero_stage": int(engine.zero_optimization_stage()),
                                  "bf16": bool(engine.bfloat16_enabled()),
@@ -454,8 +496,23 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     return out
 
 
+def _placement(rank: int, device: torch.device, model, opt) -> dict:
+    """This rank's placement record: its ``LOCAL_RANK``, the device of its batches and target, and the devices of
+    the drafter's weights and of the optimizer state (per-parameter tensors; AdamW's scalar step counter stays on
+    the CPU by design and is left out)."""
+    from ..models.placement import local_rank_from_env
+
+    state = {str(t.device) for st in opt.state.values() for t in st.values() if torch.is_tensor(t) and t.dim() > 0}
+    return {"rank": rank, "local_rank": local_rank_from_env(), "device": str(device),
+            "drafter": sorted({str(p.device) for p in model.parameters()}), "optimizer_state": sorted(state)}
+
+
 def count_token(source, token_id: int) -> int:
     """Occurrences of ``token_id`` in every training sequence of ``source`` (prompt and response tokens)."""
+    bulk = getattr(source, "token_counts", None)
+    counts = bulk(None) if bulk is not None else None
+    if counts is not None:  # packed sequences: one numpy pass over the mapped file
+        return int(counts[token_id]) if 0 <= token_id < len(counts) else 0
     return sum(int((source.tokens(i)[0] == token_id).sum()) for i in range(len(source)))
 
 
