@@ -196,7 +196,7 @@ class PackedSequences:
         return ids, mask
 
     def token_counts(self, vocab_size: int | None, responses_only: bool = False, subset=None,
-                     chunk_tokens: int = 1 << 24) -> np.ndarray:
+                     chunk_tokens: int = 1 << 22) -> np.ndarray:
         """``[vocab_size]`` int64 occurrences of every token id over the sequences (after truncation), with numpy
         over the mapped token file in chunks of about ``chunk_tokens`` tokens (no per-row Python object).
 
