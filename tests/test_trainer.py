@@ -184,3 +184,41 @@ def test_bfloat16_autocast_trains_with_float32_weights(setup, tmp_path):
     assert last < first * 0.9, (first, last)
     drafter = load_dflash_checkpoint(out)
     assert {p.dtype for p in drafter.parameters()} == {torch.float32}
+
+
+def test_one_horizon_per_update_for_every_micro_step(setup, tmp_path):
+    """The mixed recipe's B is drawn once per update from (seed, step): both micro-steps of an update train it
+    (as both ranks of a two-rank run do, tests/test_distributed_training.py), and it changes across updates."""
+    from dscout.training.methods import training_method
+    from dscout.training.trainer import update_horizon
+
+    t, _, cache = setup
+    cfg = _cfg(gradient_accumulation_steps=2, max_steps=6, checkpoint_every=0)
+    out = train_drafter(t, cfg, tmp_path / "o", tmp_path / "w", feature_cache=cache)
+    log = _log(out / "train_log.jsonl")
+    want = [update_horizon(training_method(cfg), cfg.seed, s) for s in range(6)]
+    assert [r["block_size_per_slot"] for r in log] == [[b, b] for b in want]
+    assert len(set(want)) > 1 and set(want) <= {8, 16, 24, 32}
+    assert update_horizon(training_method(_cfg(kind="eagle3")), 1, 0) is None  # no horizon to draw
+
+
+def test_online_training_reads_packed_responses(setup, tmp_path):
+    """Online features from the packed, memory-mapped responses train the same drafter as from a list of
+    sequences (the path of `dscout train` without a feature cache)."""
+    from dscout.data.packed import load_training_sequences, pack_responses
+
+    t, seqs, _ = setup
+    path = tmp_path / "responses.jsonl"
+    with open(path, "w") as f:
+        for s in seqs:
+            p = s["loss_mask"].index(1)
+            f.write(json.dumps({"id": s["id"], "prompt_ids": s["input_ids"][:p],
+                                "response_ids": s["input_ids"][p:]}) + "\n")
+    pack_responses(path)
+    packed = load_training_sequences(path, max_length=10_000, min_response_tokens=0)
+    assert list(packed) == seqs
+    cfg = _cfg(max_steps=3, checkpoint_every=0)
+    a = load_dflash_checkpoint(train_drafter(t, cfg, tmp_path / "a", tmp_path / "wa", sequences=seqs))
+    b = load_dflash_checkpoint(train_drafter(t, cfg, tmp_path / "b", tmp_path / "wb", sequences=packed))
+    for (n, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(pa, pb), n
