@@ -147,3 +147,32 @@ def test_scan_ids_rows_written_in_another_key_order_and_bad_rows(tmp_path):
     path.write_text('{"id": "a"}\n{"prompt": \n{"id": "c"}\n')
     with pytest.raises(ValueError, match=r"r.jsonl, row 2: not valid JSON"):
         scan_ids(path)
+
+
+def test_regeneration_resumes_after_a_torn_row_from_the_ids(tmp_path, monkeypatch):
+    """A killed generation left two rows and a torn one: the rerun decodes the ids only (the last line alone is
+    parsed whole), cuts the torn line, generates the missing prompt, and the file packs cleanly."""
+    from dscout import jsonl
+    from dscout.data.responses import generate_responses
+    from dscout.models.target import TargetModel, prepare_target
+    from tests.workflow import DATA
+
+    if not (DATA / "tokenizers" / "qwen3" / "tokenizer_config.json").exists():
+        pytest.skip("Qwen3's tokenizer is not in the data mirror")
+    target = TargetModel.load(prepare_target("tiny-qwen3:2", tmp_path / "t", DATA))
+    prompts = [{"id": f"q{i}", "source": "s", "prompt": f"What is {i} plus {i}?"} for i in range(3)]
+    out = tmp_path / "r" / "responses.jsonl"
+    out.parent.mkdir()
+    generate_responses(target, [dict(p) for p in prompts[:2]], out, max_new_tokens=4)
+    first = out.read_text()
+    out.write_text(first + first[:25])  # the torn start of a third row
+    parsed = []
+    loads = jsonl.json.loads
+    monkeypatch.setattr(jsonl.json, "loads", lambda s, *a, **k: parsed.append(s) or loads(s, *a, **k))
+    generate_responses(target, [dict(p) for p in prompts], out, max_new_tokens=4)
+    monkeypatch.undo()
+    assert parsed == []  # the ids were decoded without parsing a row (the torn line has no newline)
+    rows = read_jsonl(out)
+    assert sorted(r["id"] for r in rows) == ["q0", "q1", "q2"] and out.read_text().startswith(first)
+    pack_responses(out)
+    assert list(load_training_sequences(out, 64, 1)) == training_sequences(rows, 64, 1)
