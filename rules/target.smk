@@ -49,9 +49,9 @@ rule generate_responses:
     input:
         target=f"{TARGET_DIR}/target.json",
     output:
-        "results/responses/{rid}/responses.jsonl",
+        responses="results/responses/{rid}/responses.jsonl",
         # the same rows packed for memory-mapped reading (dscout.data.packed): what training and features read
-        "results/responses/{rid}/packed/index.json",
+        packed="results/responses/{rid}/packed/index.json",
     params:
         cli=CLI,
         stage=stage_json(dcfg.responses_stage(config)),
@@ -69,7 +69,7 @@ rule generate_responses:
         "../envs/serve.yaml" if config["responses"]["backend"] == "sglang" else "../envs/train.yaml"
     shell:
         "python {params.cli} generate --stage {params.stage:q} --target $(dirname {input.target}) "
-        "--out {output[0]} --data-root {params.data_root:q} --threads {threads} --gpus {resources.gpu} > {log} 2>&1"
+        "--out {output.responses} --data-root {params.data_root:q} --threads {threads} --gpus {resources.gpu} > {log} 2>&1"
 
 
 # Data mirror: `snakemake --cores 1 fetch_data` on a machine with internet writes, under data_root, every
