@@ -6,6 +6,8 @@ the exact prompt ids, so training sequences need no re-tokenisation (the templat
 #533 cannot happen). The GPU path (:mod:`dscout.backends.sglang`) writes the same format through SGLang.
 
 Row format (JSONL): ``{"id", "source", "prompt", "prompt_ids", "response_ids", "response", "finish_reason"}``.
+The generating job then packs the token ids once (:mod:`dscout.data.packed`); training and feature jobs map that
+copy instead of parsing the JSONL.
 """
 
 from __future__ import annotations

@@ -362,7 +362,9 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
             ``dflash_config`` + ``model.safetensors``, see :mod:`dscout.models.export`) + ``training_summary.json``.
         work_dir: scratch folder for checkpoints and the per-step log ``train_log.jsonl``.
         feature_cache: a cache from :func:`~dscout.training.features.build_feature_cache` (CPU default), or
-        sequences: tokenised sequences (``input_ids``, ``loss_mask``) for online target features.
+        sequences: tokenised sequences (``input_ids``, ``loss_mask``) for online target features: a list of
+            dicts or, at scale, :class:`dscout.data.packed.PackedSequences` (memory-mapped; tokens are read per
+            batch and counted in bulk, no per-row object at start-up).
         sequence_ids: train on these sequences of the source only (the rest held out); None = all.
         _crash_after_step: testing hook, raises after that step as a kill would.
     Returns:
