@@ -457,7 +457,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 losses.append(float(loss.detach()))
                 horizons.append(metrics.get("block_size"))
             _pause_for_test(step, stop, work, rank)
-            # one collective per step: (sample ids, losses, stop signal) of every rank
+            # one collective per step: (sample ids, losses, stop signal, horizons) of every rank
             gathered = _gather((idx, losses, stop.signum, horizons), world)
             per_rank = [g[0] for g in gathered]
             all_losses = [x for g in gathered for x in g[1]]
