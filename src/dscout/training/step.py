@@ -17,9 +17,11 @@ from .losses import (
     distill_cross_entropy,
     expected_accept_length,
     factorized_objective,
+    greedy_acceptance,
     positional_decay_weights,
     target_logprob_from_cache,
 )
+from .head import chunked_head_cross_entropy
 from .recipes import Recipe
 
 
@@ -43,7 +45,8 @@ class FeatureBatch:
 
 
 def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anchors: int,
-                          generator: torch.Generator, block_size: int | None = None, distill_weight: float = 0.0
+                          generator: torch.Generator, block_size: int | None = None, distill_weight: float = 0.0,
+                          attention: str = "auto", head_chunk_rows: int | None = None
                           ) -> tuple[torch.Tensor, dict]:
     """Loss of one update under ``recipe`` (docs/method.md §3).
 
@@ -59,6 +62,13 @@ def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anch
             that position (renormalised over the draft vocabulary), computed from the cached final states
             through the shared LM head. 0 = the paper's CE on the target's tokens only. An efficiency
             lever applied to every recipe alike (it changes the prediction factor's signal, not I or w).
+        attention: ``sdpa`` (the dense ``[b, 1, Q, K]`` boolean mask, SDPA), ``flex`` (a ``BlockMask`` and
+            ``flex_attention``: no materialised scores, :mod:`dscout.models.flex`), ``auto`` = flex on CUDA,
+            sdpa elsewhere. Both give the same loss (tests/test_training_memory.py).
+        head_chunk_rows: the LM-head terms (CE, AWL's greedy token and ``log Q``) through
+            :func:`~dscout.training.head.chunked_head_cross_entropy` with this many rows per chunk; None = 256 MiB
+            of float32 logits per chunk; 0 = the direct path (all supervised rows' logits at once; always used
+            with ``distill_weight > 0``, which needs the full distributions).
     Returns:
         ``(loss, metrics)`` with metrics ``block_size``, ``accuracy`` (argmax == label over supervised
         offsets), ``tau_proxy`` (1 + mean correct prefix on training blocks), ``supervised`` (count), and
@@ -74,8 +84,15 @@ def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anch
     blocks = build_blocks(batch.input_ids, batch.loss_mask, anchors, keep, B,
                           drafter.config.mask_token_id, revealed)
     S = batch.input_ids.shape[1]
-    mask = block_attention_mask(anchors, keep, S, B).to(batch.taps.device)
     dev = batch.taps.device
+    if attention not in ("auto", "sdpa", "flex"):
+        raise ValueError(f"attention must be 'auto', 'sdpa' or 'flex', got {attention!r}")
+    if attention == "flex" or (attention == "auto" and dev.type == "cuda"):
+        from ..models import flex
+
+        mask = flex.block_mask(anchors.to(dev), keep.to(dev), S, B)
+    else:
+        mask = block_attention_mask(anchors, keep, S, B).to(dev)
     hidden = drafter(blocks.block_ids.view(b, N * B).to(dev), blocks.positions.view(b, N * B).to(dev),
                      context_taps=batch.taps, context_positions=torch.arange(S, device=dev).expand(b, S),
                      attention_mask=mask)
@@ -85,10 +102,17 @@ def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anch
     labels = blocks.labels.to(dev)
     inclusion = blocks.label_mask.to(dev)
     sel = inclusion.view(b, N * B)
-    logits = drafter.compute_logits(hidden[sel])  # [M, V_d]
     draft_labels = drafter.to_draft_ids(labels[inclusion])  # -1: outside a reduced draft vocabulary
     in_vocab = draft_labels >= 0
-    ce = block_cross_entropy(logits, draft_labels.clamp(min=0)) * in_vocab
+    if head_chunk_rows == 0 or distill_weight > 0:  # direct: every supervised row's logits at once
+        logits = drafter.compute_logits(hidden[sel])  # [M, V_d]
+        ce = block_cross_entropy(logits, draft_labels.clamp(min=0)) * in_vocab
+        greedy, max_logq = None, None
+    else:  # chunked: at most one chunk of float32 logits alive, in the forward and the backward
+        w_head, b_head = drafter.head_rows()
+        ce, greedy, max_logq = chunked_head_cross_entropy(hidden[sel], w_head, b_head, draft_labels.clamp(min=0),
+                                                          head_chunk_rows)
+        ce = ce * in_vocab
     needs_target = recipe.weighting == "awl" or distill_weight > 0
     if needs_target and (batch.final_hidden is None or batch.lse is None):
         raise ValueError("AWL and distillation need the target's final hidden states and log-sum-exp in the batch")
@@ -106,15 +130,18 @@ def drafter_training_loss(drafter, batch: FeatureBatch, recipe: Recipe, num_anch
     else:
         logprob_of = target_logprob_from_cache(batch.final_hidden, batch.lse, drafter._parts()[1].weight,
                                                rows, blocks.positions.to(dev)[inclusion])
-        alpha_sel = acceptance_probabilities(logits, lambda y: logprob_of(drafter.to_target_ids(y)),
-                                             torch.zeros_like(ce, dtype=torch.bool))
+        if greedy is None:
+            alpha_sel = acceptance_probabilities(logits, lambda y: logprob_of(drafter.to_target_ids(y)),
+                                                 torch.zeros_like(ce, dtype=torch.bool))
+        else:
+            alpha_sel = greedy_acceptance(greedy, max_logq, lambda y: logprob_of(drafter.to_target_ids(y)))
         alpha = torch.ones(b, N, B, device=dev)
         alpha[inclusion] = alpha_sel.view(-1).to(alpha.dtype)
         weights = acceptance_weights(alpha)[inclusion]
     loss = factorized_objective(ce, torch.ones_like(ce), weights)
     with torch.no_grad():
         correct = torch.zeros(b, N, B, dtype=torch.bool, device=dev)
-        correct[inclusion] = (logits.argmax(-1) == draft_labels) & in_vocab
+        correct[inclusion] = ((logits.argmax(-1) if greedy is None else greedy) == draft_labels) & in_vocab
         n_sup = int(inclusion.sum())
         acc = float(correct.sum()) / max(n_sup, 1)
         fully_masked = ~blocks.revealed[..., 1:].any(-1).to(dev) & blocks.keep.to(dev)
