@@ -53,21 +53,7 @@ activations and backward temporaries); logits (the chunked LM-head terms' float3
 
 GIB = 1 << 30
 
-# Architectures of the targets the presets name (config.json of the released checkpoints; the tiny random
-# targets of :func:`dscout.models.target.prepare_target`). Vocabulary and depth come from the config's target block.
-KNOWN_TARGETS = {
-    "Qwen/Qwen3-8B": ("qwen3", dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
-                                    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                                    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
-    "gguf:smollm2": ("llama", dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
-                                   num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
-                                   rms_norm_eps=1e-5, tie_word_embeddings=True)),
-    "tiny-random": ("llama", dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                  num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True)),
-    "tiny-qwen3": ("qwen3", dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                 num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-                                 rope_theta=1000000.0, tie_word_embeddings=False)),
-}
+from .memory_estimate import KNOWN_TARGETS, known_target  # noqa: E402  (the torch-free table)
 
 
 def target_config(target: dict, project_dir: str | Path | None = None):
@@ -87,7 +73,7 @@ def target_config(target: dict, project_dir: str | Path | None = None):
     from transformers import AutoConfig, LlamaConfig, Qwen3Config
 
     src = str(target["source"])
-    known = KNOWN_TARGETS.get(src) or KNOWN_TARGETS.get(src.split(":")[0] if src.startswith("tiny-") else "")
+    known = known_target(src)
     if known:
         family, kw = known
         cls = Qwen3Config if family == "qwen3" else LlamaConfig
@@ -322,6 +308,26 @@ def _deepspeed_settings(training: dict, project_dir) -> dict:
             "bucket": int(float(z.get("reduce_bucket_size", 5e8))), "overlap": bool(z.get("overlap_comm", False))}
 
 
+def worst_case_inputs(micro_batch_size: int, seq_len: int, num_anchors: int, recipe, vocab_size: int,
+                      mask_token_id: int, seed: int = 0) -> tuple[list[dict], object]:
+    """The largest update of a recipe: ``micro_batch_size`` sequences of ``seq_len`` tokens, all response tokens
+    but the first, ``num_anchors`` fully masked blocks each at the recipe's largest horizon.
+
+    Returns:
+        ``(sequences, plan)``: token dicts (``input_ids``, ``loss_mask``) for
+        :func:`~dscout.training.features.online_batch` and their :class:`~dscout.training.step.BlockPlan`.
+    """
+    from .step import plan_blocks
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, max(1, min(vocab_size, mask_token_id)), (micro_batch_size, seq_len), generator=g)
+    loss_mask = torch.ones(micro_batch_size, seq_len, dtype=torch.long)
+    loss_mask[:, 0] = 0
+    plan = plan_blocks(ids, loss_mask, dataclasses.replace(recipe, unmask=False), num_anchors, g, mask_token_id,
+                       block_size=recipe.max_horizon)
+    return [{"input_ids": ids[i].tolist(), "loss_mask": loss_mask[i].tolist()} for i in range(micro_batch_size)], plan
+
+
 def plan_update(config: dict, name: str, variant: dict | None = None, *, gpu: bool = True,
                 project_dir: str | Path | None = None, world: int | None = None) -> UpdatePlan:
     """Run one update of drafter ``name`` of ``config`` on fake tensors and return its peak memory per rank.
@@ -348,7 +354,7 @@ def plan_update(config: dict, name: str, variant: dict | None = None, *, gpu: bo
     from .features import online_batch
     from .methods import DFlashMethod
     from .recipes import get_recipe
-    from .step import blocks_loss, plan_blocks
+    from .step import blocks_loss
     from .trainer import TrainConfig
 
     t0 = time.perf_counter()
@@ -371,15 +377,8 @@ def plan_update(config: dict, name: str, variant: dict | None = None, *, gpu: bo
                       init_from_target=False, options=options)
     tcfg = target_config(config["target"], project_dir)
 
-    # host side (real CPU tensors): the worst-case token layout and the block plan
-    V = int(config["target"]["vocab_size"])
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, min(V, cfg.mask_token_id), (mbs, S), generator=g)
-    loss_mask = torch.ones(mbs, S, dtype=torch.long)
-    loss_mask[:, 0] = 0
-    plan = plan_blocks(ids, loss_mask, dataclasses.replace(recipe, unmask=False), n_anchors, g,
-                       cfg.mask_token_id, block_size=B)
-    sequences = [{"input_ids": ids[i].tolist(), "loss_mask": loss_mask[i].tolist()} for i in range(mbs)]
+    sequences, plan = worst_case_inputs(mbs, S, n_anchors, recipe, int(config["target"]["vocab_size"]),
+                                        cfg.mask_token_id)
 
     tracker = MemoryTracker(granularity=512 if gpu else 1)
     with torch.device("meta"):
@@ -507,7 +506,10 @@ def memory_plan(config: dict, project_dir: str | Path | None = None, gpu: bool =
                 names: list[str] | None = None) -> list:
     """:func:`plan_update` for every drafter ``config`` trains (:func:`trained_drafters`); kinds other than
     dflash are listed as ``(name, reason)`` instead of a plan. ``names`` restricts the list."""
-    out = []
+    from ..config import deep_merge
+    from .recipes import get_recipe
+
+    out, seen = [], {}
     for name, v in trained_drafters(config).items():
         if names and name not in names:
             continue
@@ -515,7 +517,17 @@ def memory_plan(config: dict, project_dir: str | Path | None = None, gpu: bool =
         if kind != "dflash":
             out.append((name, f"kind {kind}: not planned (its update is not the block-diffusion one)"))
             continue
-        out.append(plan_update(config, name, v, gpu=gpu, project_dir=project_dir))
+        recipe = get_recipe(v.get("recipe", "dscout"), **(v.get("recipe_overrides") or {}))
+        # what the memory of an update depends on: drafters that agree on it share one run
+        key = json.dumps([v["num_layers"], v.get("num_taps"), v.get("target_layer_ids"), recipe.max_horizon,
+                          recipe.weighting == "awl", (v.get("options") or {}).get("draft_vocab_size"),
+                          deep_merge(config["training"], v.get("training") or {}) | {"max_steps": None}],
+                         sort_keys=True, default=str)
+        if key in seen:
+            out.append(dataclasses.replace(seen[key], name=name, recipe=v.get("recipe", "dscout")))
+            continue
+        seen[key] = plan_update(config, name, v, gpu=gpu, project_dir=project_dir)
+        out.append(seen[key])
     return out
 
 
@@ -530,7 +542,50 @@ def format_plan(plans: list, gpu_gb: float) -> str:
             continue
         s = p.shape
         lines.append(f"| {p.name} | {p.label} | {p.recipe} | {s['micro_batch_size']} x {s['seq_len']}, "
-                     f"{s['num_anchors']} x {s['block_size']} | {s['supervised_tokens']} | {p.peak_bytes / 1e9:.1f} | "
-                     + " | ".join(f"{p.breakdown[c] / 1e9:.1f}" for c in CATEGORIES)
+                     f"{s['num_anchors']} x {s['block_size']} | {s['supervised_tokens']} | {p.peak_bytes / 1e9:.2f} | "
+                     + " | ".join(f"{p.breakdown[c] / 1e9:.2f}" for c in CATEGORIES)
                      + f" | {p.phase} | {'yes' if p.fits(gpu_gb) else 'NO'} |")
     return "\n".join(lines)
+
+
+def run_memory_plan(configfiles: list[str] | None = None, stage: str | None = None, out: str | None = None,
+                    gpu_gb: float | None = None, names: list[str] | None = None,
+                    project_dir: str | Path | None = None) -> list:
+    """``dscout memory-plan``: plan every trained drafter of a config, print the table, optionally write it.
+
+    Args:
+        configfiles: files merged over the project's ``config.yaml`` (as ``snakemake --configfile``), or
+        stage: the merged config as JSON (what the ``memory_plan`` rule passes).
+        out: a ``.md`` path for the table (a ``.json`` of the plans is written beside it).
+        gpu_gb: the GPU's memory (default ``training.gpu_memory_gb``, else 80).
+        names: only these drafters.
+        project_dir: the project folder (default: the one holding this package's ``config.yaml``).
+    Returns:
+        :func:`memory_plan`'s list.
+    Raises:
+        SystemExit: (code 1, after printing and writing) when a drafter does not fit ``gpu_gb`` with 10 % headroom.
+    """
+    from ..config import load_config, validate_config
+
+    root = Path(project_dir) if project_dir else Path(__file__).resolve().parents[3]
+    if stage is not None:
+        config = validate_config(json.loads(stage), source="--stage")
+    else:
+        config = load_config(root / "config.yaml", *(configfiles or []))
+    gb = float(gpu_gb or (config.get("training") or {}).get("gpu_memory_gb") or 80)
+    plans = memory_plan(config, project_dir=root, names=names)
+    table = format_plan(plans, gb)
+    world = next((p.world for p in plans if not isinstance(p, tuple)), 1)
+    note = (f"One update per drafter at its worst case (every anchor a fully masked block at the largest horizon), "
+            f"ZeRO over {world} GPU(s); GB = 10^9 bytes; fits = peak <= 90 % of {gb:g} GB.")
+    print(table + "\n\n" + note)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(table + "\n\n" + note + "\n")
+        Path(out).with_suffix(".json").write_text(json.dumps(
+            [dataclasses.asdict(p) if not isinstance(p, tuple) else {"name": p[0], "skipped": p[1]} for p in plans],
+            indent=1))
+    over = [p.name for p in plans if not isinstance(p, tuple) and not p.fits(gb)]
+    if over:
+        raise SystemExit(f"memory plan: {', '.join(over)} do(es) not fit {gb:g} GB with 10 % headroom")
+    return plans
