@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dscout.config import load_config
+from dscout.training.memory_estimate import config_estimates, memory_problems
 from dscout.training.memory_plan import (CATEGORIES, MemoryTracker, format_plan, memory_plan, plan_update,
                                          target_config, trained_drafters, worst_case_inputs)
 
@@ -97,16 +98,58 @@ def test_paper_drafters_fit_an_80_gb_gpu_with_10_percent_headroom():
     assert by["dscout"].shape == {"micro_batch_size": 1, "seq_len": 3072, "num_anchors": 512, "block_size": 32,
                                   "supervised_tokens": by["dscout"].shape["supervised_tokens"], "awl": True}
     assert by["dscout"].zero_stage == 2 and by["dscout"].world == 8
+    estimates = config_estimates(config, ROOT)
     for p in plans:
         assert p.fits(80, headroom=0.10), format_plan(plans, 80)
         assert p.peak_bytes == pytest.approx(sum(p.breakdown.values()))
         # the Qwen3-8B target's bf16 weights alone (8.19e9 parameters) are in every plan
         assert p.breakdown["weights"] > 2 * 8.19e9
+        # the plan-time formula (config.check_plan) tracks the update it stands for, on the safe side
+        est = estimates[p.name]["peak"]
+        assert p.peak_bytes <= est <= 1.15 * p.peak_bytes, (p.name, est, p.peak_bytes)
     # the micro-batch of 4 the preset named before did not fit: the plan must be able to say NO
-    big = plan_update(config, "dscout", {**config["drafters"]["dscout"],
-                                         "training": {"micro_batch_size": 4, "gradient_accumulation_steps": 1}},
-                      project_dir=ROOT)
+    four = {**config["drafters"]["dscout"], "training": {"micro_batch_size": 4, "gradient_accumulation_steps": 1}}
+    big = plan_update(config, "dscout", four, project_dir=ROOT)
     assert not big.fits(80) and big.peak_bytes > 2 * by["dscout"].peak_bytes
+    big_est = config_estimates({**config, "drafters": {"dscout": four}, "study": {"enabled": False},
+                                "depth_search": {"enabled": False}}, ROOT)["dscout"]["peak"]
+    assert big.peak_bytes <= big_est <= 1.15 * big.peak_bytes
+
+
+def test_check_plan_refuses_an_update_above_gpu_memory_gb():
+    """Before any job, without torch: the paper preset passes at 80 GB; its old micro-batch of 4, or 40 GB GPUs,
+    are refused with a message naming the key, the drafter and the estimate."""
+    from dscout.config import check_plan, deep_merge
+
+    config = load_config(os.path.join(ROOT, "config.yaml"), os.path.join(ROOT, "presets", "paper.yaml"))
+    assert memory_problems(config, ROOT) == []
+    four = deep_merge(config, {"training": {"micro_batch_size": 4, "gradient_accumulation_steps": 1}})
+    problems = memory_problems(four, ROOT)
+    assert any(p.startswith("training.gpu_memory_gb: one update of drafter 'dscout' needs an estimated 1")
+               and "training.micro_batch_size" in p for p in problems), problems
+    small = deep_merge(config, {"training": {"gpu_memory_gb": 40}})
+    assert {p.split("'")[1] for p in memory_problems(small, ROOT)} >= {"dscout", "depth_d9", "study_step4_awl"}
+    with pytest.raises(ValueError, match=r"training.gpu_memory_gb: one update of drafter 'dscout' needs"):
+        check_plan(four, project_dir=ROOT)
+    # a plan-time limit: it is not part of what a drafter's id hashes
+    from dscout.config import drafter_id
+
+    assert drafter_id(small, "dscout", 36) == drafter_id(config, "dscout", 36)
+    from dscout.training import head, memory_estimate
+
+    assert memory_estimate.LOGIT_CHUNK_BYTES == head.CHUNK_BYTES
+
+
+def test_memory_plan_target_prints_the_table(tmp_path):
+    """``snakemake memory_plan`` for a preset: the rule's job runs ``dscout memory-plan`` and prints its table."""
+    from tests.workflow import copy_project, snakemake
+
+    work = copy_project(tmp_path)
+    r = snakemake("--cores", "1", "memory_plan", "--configfile", "presets/smoke.yaml", cwd=work)
+    out = r.stdout + r.stderr
+    assert "| dscout | 2t1d | dscout | 1 x 192, 8 x 32 |" in out and "kind eagle3: not planned" in out, out[-3000:]
+    written = list((work / "results" / "memory_plan").glob("*.md"))
+    assert len(written) == 1 and "| dflash | 2t1d |" in written[0].read_text()
 
 
 def test_tracker_counts_storages_once_and_frees_them():

@@ -329,7 +329,7 @@ def worst_case_inputs(micro_batch_size: int, seq_len: int, num_anchors: int, rec
 
 
 def plan_update(config: dict, name: str, variant: dict | None = None, *, gpu: bool = True,
-                project_dir: str | Path | None = None, world: int | None = None) -> UpdatePlan:
+                project_dir: str | Path | None = None, world: int | None = None, hf_config=None) -> UpdatePlan:
     """Run one update of drafter ``name`` of ``config`` on fake tensors and return its peak memory per rank.
 
     Args:
@@ -340,6 +340,7 @@ def plan_update(config: dict, name: str, variant: dict | None = None, *, gpu: bo
             CPU path of the same code (dense-mask SDPA, fused CPU AdamW, no rounding): the calibration mode.
         project_dir: folder the DeepSpeed JSON path is relative to.
         world: ranks sharing ZeRO's partitions (default ``max(1, training.num_gpus)``).
+        hf_config: the target's ``transformers`` config (default :func:`target_config` of ``config["target"]``).
     Returns:
         :class:`UpdatePlan`.
     Raises:
@@ -375,7 +376,7 @@ def plan_update(config: dict, name: str, variant: dict | None = None, *, gpu: bo
                       num_taps=v.get("num_taps"), mask_token_id=int(config["target"]["mask_token_id"]),
                       num_anchors=n_anchors, micro_batch_size=mbs, dtype=str(dtype).replace("torch.", ""),
                       init_from_target=False, options=options)
-    tcfg = target_config(config["target"], project_dir)
+    tcfg = hf_config if hf_config is not None else target_config(config["target"], project_dir)
 
     sequences, plan = worst_case_inputs(mbs, S, n_anchors, recipe, int(config["target"]["vocab_size"]),
                                         cfg.mask_token_id)
