@@ -15,7 +15,11 @@ Drafting modes share the engines' loops:
 * ``online-*`` (Table 4 section): the online bs controller, latency model calibrated on this GPU, over each drafter.
 
 Section 1 decodes one request at a time (Table 3's engine); section 2 runs Table 4's batched engine at each
-concurrency c with the round-time breakdown (verify, drafter, other). Prints the tables and writes
+concurrency c with the round-time breakdown (verify, drafter, other); section 3 (training) runs real updates of the
+35t6d DScout drafter (AWL, online features of a random Qwen3-8B-shaped target, flex attention, chunked LM-head
+terms, DeepSpeed ZeRO-2 bf16 on one GPU) at the paper's micro-step (1 x 3072 tokens, 512 anchors, B = 32) and prints
+the measured peak memory and seconds per update beside the memory plan's estimate of the same update
+(``--train-steps 0`` skips it, ``--only-training`` runs it alone). Prints the tables and writes
 ``$OUT/gpu_check.json`` (or ``--out``) after each section. On the CPU, ``--shape tiny`` runs the same code in
 seconds (the test suite does this so the script cannot rot).
 

@@ -53,7 +53,9 @@ def block_mask(anchors: torch.Tensor, keep: torch.Tensor, seq_len: int, block_si
 def _compiled():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    # dynamic=None: the first shape compiles static, a changed one (sequence length and B vary per update)
+    # recompiles once with symbolic sizes instead of once per shape
+    return torch.compile(flex_attention)
 
 
 def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float, enable_gqa: bool
