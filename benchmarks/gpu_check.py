@@ -19,7 +19,9 @@ concurrency c with the round-time breakdown (verify, drafter, other); section 3 
 35t6d DScout drafter (AWL, online features of a random Qwen3-8B-shaped target, flex attention, chunked LM-head
 terms, DeepSpeed ZeRO-2 bf16 on one GPU) at the paper's micro-step (1 x 3072 tokens, 512 anchors, B = 32) and prints
 the measured peak memory and seconds per update beside the memory plan's estimate of the same update
-(``--train-steps 0`` skips it, ``--only-training`` runs it alone). Prints the tables and writes
+(``--train-steps 0`` skips it, ``--only-training`` runs it alone). On one GPU ZeRO-2 has nothing to shard over: the
+plan puts that update at 71 GB (21 GB of it fp32 master weights and AdamW moments that 8 GPUs would split), inside
+an H100's 80 GB; ``--train-micro-batch``, ``--train-seq-len`` and ``--train-anchors`` shrink it. Prints the tables and writes
 ``$OUT/gpu_check.json`` (or ``--out``) after each section. On the CPU, ``--shape tiny`` runs the same code in
 seconds (the test suite does this so the script cannot rot).
 
