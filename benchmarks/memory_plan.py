@@ -82,7 +82,7 @@ def main(argv=None) -> Path:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "memory_plan" / "report.md"))
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    from dscout.config import deep_merge, drafter_variant, load_config
+    from dscout.config import load_config
     from dscout.training.memory_estimate import config_estimates, target_arch
     from dscout.training.memory_plan import CATEGORIES, memory_plan, plan_update, trained_drafters
     from dscout.training.recipes import get_recipe

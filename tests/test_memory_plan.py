@@ -1,7 +1,6 @@
 """The memory plan (`dscout memory-plan`): calibrated against a real update on the CPU, and the paper's drafters
 fit an 80 GB GPU with 10 % headroom."""
 
-import math
 import os
 
 import pytest

@@ -51,8 +51,6 @@ CATEGORIES = ("weights", "gradients", "optimizer", "activations", "logits")
 state (fp32 master and AdamW moments); activations (the target's online features, the drafter's saved
 activations and backward temporaries); logits (the chunked LM-head terms' float32 chunks and the target's lse)."""
 
-GIB = 1 << 30
-
 from .memory_estimate import KNOWN_TARGETS, known_target  # noqa: E402  (the torch-free table)
 
 
