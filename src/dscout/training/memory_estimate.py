@@ -153,6 +153,8 @@ def config_estimates(config: dict, project_dir: str | Path | None = None) -> dic
         tr = deep_merge(config["training"], v.get("training") or {})
         path = Path(tr["deepspeed_config"])
         path = path if path.is_absolute() else Path(project_dir or ".") / path
+        if not path.is_file():  # the training job names a missing file; nothing to estimate from here
+            continue
         try:
             ds = json.loads(path.read_text())
         except (OSError, ValueError) as err:
