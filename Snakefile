@@ -26,6 +26,7 @@ include: "rules/study.smk"
 include: "rules/depth.smk"
 include: "rules/serving.smk"
 include: "rules/findings.smk"
+include: "rules/memory.smk"
 
 
 rule all:

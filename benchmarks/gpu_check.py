@@ -15,7 +15,13 @@ Drafting modes share the engines' loops:
 * ``online-*`` (Table 4 section): the online bs controller, latency model calibrated on this GPU, over each drafter.
 
 Section 1 decodes one request at a time (Table 3's engine); section 2 runs Table 4's batched engine at each
-concurrency c with the round-time breakdown (verify, drafter, other). Prints the tables and writes
+concurrency c with the round-time breakdown (verify, drafter, other); section 3 (training) runs real updates of the
+35t6d DScout drafter (AWL, online features of a random Qwen3-8B-shaped target, flex attention, chunked LM-head
+terms, DeepSpeed ZeRO-2 bf16 on one GPU) at the paper's micro-step (1 x 3072 tokens, 512 anchors, B = 32) and prints
+the measured peak memory and seconds per update beside the memory plan's estimate of the same update
+(``--train-steps 0`` skips it, ``--only-training`` runs it alone). On one GPU ZeRO-2 has nothing to shard over: the
+plan puts that update at 71 GB (21 GB of it fp32 master weights and AdamW moments that 8 GPUs would split), inside
+an H100's 80 GB; ``--train-micro-batch``, ``--train-seq-len`` and ``--train-anchors`` shrink it. Prints the tables and writes
 ``$OUT/gpu_check.json`` (or ``--out``) after each section. On the CPU, ``--shape tiny`` runs the same code in
 seconds (the test suite does this so the script cannot rot).
 
@@ -293,6 +299,117 @@ def serving(args, target, drafter, out_json) -> dict:
     return out
 
 
+def measured_peak(device: str, run) -> tuple[int, object]:
+    """Peak bytes allocated while ``run()`` executes (and its result): ``torch.cuda.max_memory_allocated`` on a GPU,
+    the CPU allocator's own events (the profiler's memory events) on the CPU; counted from zero, so what was
+    allocated before (the weights) is added at its current size."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        out = run()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated(), out
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = run()
+    live = peak = 0
+    for _, n in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                       if e.name() == "[memory]"):
+        live += n
+        peak = max(peak, live)
+    return peak, out
+
+
+def training(args, result) -> dict:
+    """Real updates of the DScout drafter (AWL, online features of the random target, DeepSpeed ZeRO-2 bf16 on a
+    GPU, the CPU JSON elsewhere) at ``--train-*`` shapes (default: the paper's micro-step), beside the memory
+    plan's estimate of the same update on one rank (:func:`dscout.training.memory_plan.plan_update`)."""
+    import deepspeed
+    from transformers import Qwen3Config
+
+    from dscout.config import load_config
+    from dscout.models.target import default_target_layer_ids
+    from dscout.training.features import online_batch
+    from dscout.training.memory_plan import plan_update, worst_case_inputs
+    from dscout.training.methods import DFlashMethod
+    from dscout.training.step import blocks_loss
+    from dscout.training.trainer import TrainConfig, _ds_config, init_distributed
+
+    root = Path(__file__).resolve().parents[1]
+    gpu = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if gpu else torch.float32
+    target = build_target(args.shape, dtype, args.device, peaked=False)
+    L, V = target.num_layers, target.vocab_size
+    taps = default_target_layer_ids(L, args.taps or L - 1)
+    ds_json = root / "configs" / "deepspeed" / ("zero2_bf16.json" if gpu else "cpu.json")
+    tr = {"micro_batch_size": args.train_micro_batch, "num_anchors": args.train_anchors, "num_gpus": 1,
+          "deepspeed_config": str(ds_json), "lr": 6e-4}
+    config = load_config(root / "config.yaml", overrides={
+        "target": {"name": "gpu-check", "source": "gpu-check", "num_layers": L, "vocab_size": V,
+                   "mask_token_id": V - 1, "dtype": "bfloat16" if gpu else "float32"},
+        "responses": {"max_length": args.train_seq_len}, "training": tr,
+        "drafters": {"dscout": {"recipe": "dscout", "num_layers": args.drafter_layers, "target_layer_ids": taps,
+                                "options": {"draft_vocab_size": None}}}})
+    est = plan_update(config, "dscout", gpu=gpu, project_dir=root, world=1,
+                      hf_config=Qwen3Config(**SHAPES[args.shape], attn_implementation="sdpa"))
+    cfg = TrainConfig(recipe="dscout", num_layers=args.drafter_layers, target_layer_ids=taps, mask_token_id=V - 1,
+                      num_anchors=args.train_anchors, micro_batch_size=args.train_micro_batch,
+                      dtype=str(dtype).replace("torch.", ""), deepspeed_config=str(ds_json),
+                      options={"draft_vocab_size": None})
+    init_distributed()
+    method = DFlashMethod(cfg)
+    drafter = method.build(target)
+    drafter.set_tap_scale(torch.ones(drafter.tap_scale.shape))
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, fused=not gpu)
+    engine, _, _, _ = deepspeed.initialize(model=drafter, optimizer=opt, config=_ds_config(str(ds_json), cfg, 100, 1))
+    if engine.zero_optimization_stage() == 0:
+        engine.enable_backward_allreduce = False
+    sequences, plan = worst_case_inputs(args.train_micro_batch, args.train_seq_len, args.train_anchors,
+                                        method.recipe, V, V - 1)
+    seconds: list[float] = []
+
+    def update():
+        t0 = time.perf_counter()
+        batch = online_batch(target, sequences, method.layer_ids)
+        batch.taps, batch.final_hidden = batch.taps.to(dtype), batch.final_hidden.to(dtype)
+        loss, m = blocks_loss(engine.module, batch, plan, method.recipe)
+        engine.backward(loss)
+        engine.step()
+        if gpu:
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t0)
+        return float(loss.detach())
+
+    losses = [update()]  # the first builds AdamW's state (and compiles flex attention on a GPU)
+    before = torch.cuda.memory_allocated() if gpu else 0
+    peak, more = measured_peak(args.device, lambda: [update() for _ in range(max(1, args.train_steps - 1))])
+    if not gpu:  # the CPU events count from the start of the measured updates: add what was live before
+        before = sum(t.numel() * t.element_size() for t in list(target.model.parameters())
+                     + list(drafter.parameters()) + list(drafter.buffers()))
+        before += sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                      if torch.is_tensor(v))
+        peak += before
+    later = seconds[1:]
+    out = {"drafter": est.label, "recipe": "dscout (AWL)", "shape": est.shape, "world": 1,
+           "zero_stage": est.zero_stage, "estimated_peak_bytes": est.peak_bytes, "estimated_breakdown": est.breakdown,
+           "measured_peak_bytes": int(peak), "peak_ratio": est.peak_bytes / max(peak, 1),
+           "first_update_seconds": seconds[0], "seconds_per_update": statistics.median(later),
+           "losses": losses + more, "supervised_tokens": plan.num_supervised}
+    print(f"\ntraining: {est.label} DScout (AWL, online features), {args.train_micro_batch} x {args.train_seq_len} "
+          f"tokens, {plan.blocks.anchors.shape[1]} anchors x B {plan.blocks.block_size}, ZeRO-{est.zero_stage} on 1 "
+          f"{'GPU' if gpu else 'CPU'}")
+    print(f"  peak memory: measured {peak / 1e9:.2f} GB, memory plan {est.peak_bytes / 1e9:.2f} GB "
+          f"(ratio {out['peak_ratio']:.3f}); seconds per update {out['seconds_per_update']:.3f} "
+          f"(first {seconds[0]:.1f})")
+    result["training"] = out
+    _write(args, result)
+    del engine, drafter, opt, target
+    if gpu:
+        torch.cuda.empty_cache()
+    return out
+
+
 def _write(args, result) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -316,6 +433,11 @@ def main(argv=None):
     ap.add_argument("--flip", type=float, default=0.15, help="replay proposer: per-draft corruption probability")
     ap.add_argument("--cudnn-sdpa", action="store_true", help="keep cuDNN's attention backend enabled")
     ap.add_argument("--no-peaked", dest="peaked", action="store_false", help="plain random weights (build_target)")
+    ap.add_argument("--train-steps", type=int, default=3, help="training section: updates (0 skips it)")
+    ap.add_argument("--train-seq-len", type=int, default=3072, help="training section: tokens per sequence")
+    ap.add_argument("--train-anchors", type=int, default=512, help="training section: anchors per sequence")
+    ap.add_argument("--train-micro-batch", type=int, default=1, help="training section: sequences per update")
+    ap.add_argument("--only-training", action="store_true", help="run the training section alone")
     ap.add_argument("--out", default=os.environ.get("OUT", "results/gpu_check"))
     args = ap.parse_args(argv)
     args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
@@ -331,6 +453,11 @@ def main(argv=None):
         # decode meets a new key length every step, so whichever method ran first paid the plans (2026-12-04 run:
         # the same AR decode took 86, 47 and 39 ms per token in three passes). PyTorch's own kernels have no plans.
         torch.backends.cuda.enable_cudnn_sdp(False)
+    if args.only_training:
+        result = {"shape": args.shape, "device": torch.cuda.get_device_name() if args.device.startswith("cuda")
+                  else "cpu", "args": {k: v for k, v in vars(args).items()}}
+        training(args, result)
+        return result
     t0 = time.perf_counter()
     target = build_target(args.shape, dtype, args.device, args.peaked)
     L = target.num_layers
@@ -367,6 +494,11 @@ def main(argv=None):
     _write(args, result)
     if args.concurrency:
         serving(args, target, drafter, result)
+    if args.train_steps:  # last: the decoding sections' target and drafter are freed first
+        del target, drafter
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        training(args, result)
     return result
 
 

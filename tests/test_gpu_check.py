@@ -1,6 +1,7 @@
 """The prepared GPU check script runs end to end (tiny shape, CPU) so it cannot rot before a GPU is lent."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -12,7 +13,8 @@ def test_gpu_check_script_runs_on_cpu_with_tiny_shape(tmp_path):
     spec.loader.exec_module(mod)
     r = mod.main(["--shape", "tiny", "--device", "cpu", "--dtype", "float64", "--prompts", "1",
                   "--prompt-len", "12", "--new-tokens", "16", "--block-sizes", "4,8", "--concurrency", "1,3",
-                  "--serve-block-sizes", "4", "--serve-new-tokens", "12", "--out", str(tmp_path)])
+                  "--serve-block-sizes", "4", "--serve-new-tokens", "12", "--train-steps", "2",
+                  "--train-seq-len", "64", "--train-anchors", "12", "--train-micro-batch", "2", "--out", str(tmp_path)])
     assert r["mismatches"] == 0  # float64: no near-ties, so speculative output equals AR exactly
     assert set(r["methods"]) == {"hf-loop", "ar", "dflash-bs4", "replay-bs4", "dflash-bs8", "replay-bs8"}
     assert r["methods"]["replay-bs8"]["tau"] > r["methods"]["dflash-bs8"]["tau"]  # replay accepts long runs
@@ -24,4 +26,9 @@ def test_gpu_check_script_runs_on_cpu_with_tiny_shape(tmp_path):
         assert cell["replay-bs4"]["tau"] > cell["dflash-bs4"]["tau"]
         assert cell["replay-bs4"]["drafter_ms"] > 0  # the real drafter ran under the replayed tokens
         assert cell["online-dflash"]["controller_us_per_round"] > 0
+    # training section: real DScout updates (AWL, online features) beside the memory plan's estimate of them
+    tr = r["training"]
+    assert tr["drafter"] == "5t6d" and tr["shape"]["awl"] and tr["supervised_tokens"] > 0
+    assert 0.85 <= tr["peak_ratio"] <= 1.15, tr
+    assert all(math.isfinite(x) for x in tr["losses"]) and len(tr["losses"]) == 2 and tr["seconds_per_update"] > 0
     assert (tmp_path / "gpu_check.json").exists()

@@ -522,6 +522,12 @@ def cmd_fetch_data(a):
     print(f"{len(written)} mirror files written under {a.out}")
 
 
+def cmd_memory_plan(a):
+    from dscout.training.memory_plan import run_memory_plan
+
+    run_memory_plan(configfiles=a.configfile, stage=a.stage, out=a.out, gpu_gb=a.gpu_gb, names=a.drafter)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="dscout", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -544,6 +550,13 @@ def main(argv=None):
                    help="training-prompt sources (default: every source with a hub copy)")
     p.add_argument("--force", action="store_true", help="refetch files that exist")
     p.set_defaults(fn=cmd_fetch_data)
+    p = sub.add_parser("memory-plan", help="peak memory per GPU of one update of each trained drafter (fake tensors)")
+    p.add_argument("--configfile", nargs="*", default=[], help="config files merged over config.yaml (as Snakemake)")
+    p.add_argument("--stage", default=None, help="the merged config as JSON (the memory_plan rule), instead")
+    p.add_argument("--drafter", nargs="*", default=None, help="only these drafters")
+    p.add_argument("--gpu-gb", type=float, default=None, help="GPU memory in GB (default training.gpu_memory_gb, 80)")
+    p.add_argument("--out", default=None, help="also write the table (markdown) and a .json beside it")
+    p.set_defaults(fn=cmd_memory_plan)
     p = add("prepare-target", cmd_prepare_target, "materialise the target (GGUF -> safetensors) once")
     p.add_argument("--out", required=True)
     p.add_argument("--data-root", default=None)

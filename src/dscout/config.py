@@ -182,6 +182,8 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
       at the first matmul of bf16 drafter weights with the target's states);
     * a local ``pretrained:`` folder whose files / tensors are not its kind's published layout
       (:func:`dscout.models.published.check_published_layout`);
+    * one training update of a drafter whose estimated peak memory per GPU exceeds ``training.gpu_memory_gb``
+      (:func:`dscout.training.memory_estimate.memory_problems`, torch-free);
     * a benchmark / prompt source that a stage of this config reads with neither a mirror file under
       ``data_root`` nor a reachable hub copy (the message says how to fetch one); with ``HF_HUB_OFFLINE`` /
       ``HF_DATASETS_OFFLINE`` set, the hub copy must be in datasets' cache (where ``load_dataset`` looks offline).
@@ -211,6 +213,7 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
     problems += _template_problems(t, data_root(config.get("data_root"), project_dir))
     n_layers = t.get("num_layers")
     from .models.published import check_published_layout  # torch-free
+    from .training.memory_estimate import memory_problems  # torch-free
 
     for name in drafters:
         if drafters[name].get("pretrained"):
@@ -324,6 +327,7 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
                         f"and {why} — {lines}. "
                         "Run `dscout fetch-data --out DIR` (or `snakemake --cores 1 fetch_data`) on a machine "
                         "with internet and point data_root / $" + ENV_VAR + " at DIR (layout: docs/data.md).")
+    problems += memory_problems(config, project_dir)  # one update per drafter within training.gpu_memory_gb
     if problems:
         raise ValueError(f"invalid configuration ({source}):\n" + "\n".join(f"  {p}" for p in problems))
 
@@ -455,6 +459,7 @@ def drafter_stage(cfg: dict, name: str, num_target_layers: int) -> dict:
         return {"target": target_id(cfg), "kind": v.get("kind", "dflash"), "pretrained": v["pretrained"],
                 "num_layers": v["num_layers"], "layer_ids": [], "mask_token_id": cfg["target"]["mask_token_id"]}
     layer_ids = resolved_layer_ids(v, num_target_layers)
+    v["training"].pop("gpu_memory_gb", None)  # a plan-time limit, not what the drafter is trained with
     feats = {k: cfg["features"][k] for k in ("mode", "store_dtype")}  # not the feature pass's batch size
     return {"responses": responses_id(cfg), "mask_token_id": cfg["target"]["mask_token_id"],
             "features": feats, "layer_ids": layer_ids, **v}
@@ -746,6 +751,7 @@ def depth_search_stage(cfg: dict, num_target_layers: int) -> dict:
 
     s, b, t = cfg["depth_search"], cfg["benchmarks"], cfg["target"]
     train = deep_merge(cfg["training"], {"max_steps": s["max_steps"]})
+    train.pop("gpu_memory_gb", None)  # a plan-time limit, not what the drafters are trained with
     return {"responses": responses_id(cfg), "recipe": s["recipe"], "candidates": sorted(s["candidates"]),
             "layer_ids": default_target_layer_ids(num_target_layers, s["num_taps"]),
             "mask_token_id": t["mask_token_id"], "max_steps": s["max_steps"], "training": train,

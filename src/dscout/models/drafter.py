@@ -216,9 +216,14 @@ class DFlashDrafterAttention(nn.Module):
             k, v = k_blk, v_blk
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attention_mask, is_causal=False, scale=self.scaling,
-            enable_gqa=self.num_heads != self.num_kv_heads)
+        if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):  # a flex BlockMask
+            from .flex import flex_attend
+
+            out = flex_attend(q, k, v, attention_mask, self.scaling, self.num_heads != self.num_kv_heads)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention_mask, is_causal=False, scale=self.scaling,
+                enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
@@ -303,12 +308,17 @@ class DFlashDrafter(PreTrainedModel):
         ``V_d`` is the draft vocabulary: the target's ``V`` by default, ``config.draft_vocab_size`` rows of the
         head (``draft_token_ids``) with a reduced one; map argmax indices back with :meth:`to_target_ids`.
         """
+        w, b = self.head_rows()
+        return project(hidden, w, b)
+
+    def head_rows(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The (frozen) LM-head rows of the draft vocabulary: weight ``[V_d, D]`` and bias ``[V_d]`` or None
+        (the target's head itself for the full vocabulary). :meth:`compute_logits` is ``project`` over them."""
         head = self._parts()[1]
         bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
         if self.config.draft_vocab_size is None:
-            return project(hidden, head.weight, bias)
-        w, b = self._reduced_head(head, bias)
-        return project(hidden, w, b)
+            return head.weight, bias
+        return self._reduced_head(head, bias)
 
     def _reduced_head(self, head, bias):
         ids = self.draft_token_ids
@@ -414,7 +424,9 @@ class DFlashDrafter(PreTrainedModel):
                 only, when a cache holds the older ones).
             context_positions: ``[b, C]`` their absolute positions.
             attention_mask: boolean ``[b, 1, Q, K]`` (True = may attend) over keys
-                ``[cached ; context ; block]``; ``None`` = every query sees every key (inference).
+                ``[cached ; context ; block]``, or a flex ``BlockMask`` of the same rule (training on a GPU,
+                :mod:`dscout.models.flex`: no materialised scores); ``None`` = every query sees every key
+                (inference).
             past_key_values: a ``transformers`` ``DynamicCache`` holding earlier context K/V. On return it
                 holds the new context K/V too, but **not** the block's (cropped back).
             block_embeds: ``[b, Q, D]`` precomputed block embeddings (optional).

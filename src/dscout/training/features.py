@@ -55,9 +55,17 @@ def _shard_digest(path: Path) -> str | None:
 @torch.no_grad()
 def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer_ids: list[int]
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One batched, right-padded target forward -> ``(taps [b,S,tD], final_hidden [b,S,D], lse [b,S])``."""
-    out = target(input_ids, layer_ids=layer_ids, attention_mask=attention_mask)
-    lse = torch.logsumexp(out.logits.float(), dim=-1)
+    """One batched, right-padded target forward -> ``(taps [b,S,tD], final_hidden [b,S,D], lse [b,S])``.
+
+    ``lse`` (float32) is the log-sum-exp of the target's logits at every position, computed from the final states
+    through the LM head in chunks of positions (:func:`~dscout.training.head.chunked_logsumexp`): the full
+    ``[b, S, V]`` logits never exist (at the paper's shapes 4 x 3072 x 151,936 float32 = 7.5 GB).
+    """
+    from .head import chunked_logsumexp
+
+    out = target(input_ids, layer_ids=layer_ids, attention_mask=attention_mask, last_logits_only=True)
+    head = target.lm_head
+    lse = chunked_logsumexp(out.final_hidden, head.weight, getattr(head, "bias", None))
     return out.taps, out.final_hidden, lse
 
 
@@ -213,18 +221,25 @@ def tap_rms(batches, skip_first: int = 4, floor: float = 1e-2) -> torch.Tensor:
     The first positions hold attention-sink outliers (values in the tens of thousands) that would dominate
     the estimate. Used by :meth:`~dscout.models.drafter.DFlashDrafter.set_tap_scale`.
 
+    Streams: each batch is reduced to a ``[t * D]`` sum of squares and dropped before the next is read, so a
+    generator of batches holds one probe batch at a time (35 taps of a 3,072-token sequence are 1 GB in bf16).
+
     Args:
-        batches: iterable of single-sequence :class:`FeatureBatch` (no padding rows).
+        batches: iterable (a generator is best) of single-sequence :class:`FeatureBatch` (no padding rows).
     Returns:
         ``[t * D]`` float32, at least ``floor``.
     """
     total, count = None, 0
     for b in batches:
         for i in range(b.taps.shape[0]):
-            x = b.taps[i, skip_first:].float()
-            sq = x.pow(2).sum(0)
+            x = b.taps[i, skip_first:]
+            sq = torch.zeros(x.shape[-1], dtype=torch.float32, device=x.device)
+            for s in range(0, x.shape[0], 512):  # float32 copies of 512 rows at a time, not of the sequence
+                sq += x[s:s + 512].float().pow(2).sum(0)
             total = sq if total is None else total + sq
             count += x.shape[0]
+            del x
+        del b  # before the generator builds the next batch
     if total is None or count == 0:
         raise ValueError("no positions to estimate the tap scale from")
     return (total / count).sqrt().clamp(min=floor)

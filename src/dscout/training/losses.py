@@ -68,9 +68,25 @@ def acceptance_probabilities(draft_logits: torch.Tensor, target_logprob_of: call
     with torch.no_grad():
         logq = torch.log_softmax(draft_logits.float(), dim=-1)
         logq_max, y = logq.max(dim=-1)
-        logp = target_logprob_of(y)
-        alpha = torch.exp(torch.clamp(logp - logq_max, max=0.0))
+        alpha = greedy_acceptance(y, logq_max, target_logprob_of)
         return torch.where(revealed, torch.ones_like(alpha), alpha)
+
+
+def greedy_acceptance(y: torch.Tensor, logq_y: torch.Tensor, target_logprob_of: callable) -> torch.Tensor:
+    """``alpha = min(1, P(y) / Q(y)) = exp(min(0, log P(y) - log Q(y)))`` for the drafter's greedy tokens.
+
+    The core of :func:`acceptance_probabilities` for callers that already hold ``y`` and ``log Q(y)`` (the chunked
+    LM head, :func:`dscout.training.head.chunked_head_cross_entropy`), so no ``[..., V]`` tensor is needed.
+
+    Args:
+        y: ``[...]`` the drafter's greedy token ids; logq_y: ``[...]`` their log-probability under the drafter.
+        target_logprob_of: maps ``y`` to the target's log-probability of it ``[...]``.
+    Returns:
+        ``[...]`` float32 in [0, 1], no gradient.
+    Source: docs/method.md §3 (AWL's acceptance term).
+    """
+    with torch.no_grad():
+        return torch.exp(torch.clamp(target_logprob_of(y) - logq_y.float(), max=0.0))
 
 
 def acceptance_weights(alpha: torch.Tensor) -> torch.Tensor:

@@ -107,7 +107,8 @@ class DFlashMethod:
         draft vocabulary (the most frequent response tokens) when ``options.draft_vocab_size`` asks for one."""
         from .features import tap_rms
 
-        probe = [source.batch([i], torch.float32, target.device) for i in range(min(len(source), 64))]
+        # streamed: one probe sequence's features at a time (online they are a target forward each)
+        probe = (source.batch([i], torch.float32, target.device) for i in range(min(len(source), 64)))
         self.model.set_tap_scale(tap_rms(probe))
         fc_init = self.cfg.options.get("fc_init", "random")
         if fc_init not in ("random", "last_tap"):
