@@ -10,6 +10,7 @@ from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from dscout import config as dcfg  # noqa: E402
+from dscout import resources as dres  # noqa: E402
 from dscout.data import fetch as dcfg_fetch  # noqa: E402
 
 validate(config, "../schemas/config.schema.yaml")
@@ -139,6 +140,28 @@ STUDY_ID = dcfg.stage_id(config, STUDY_STAGE) if STUDY else None
 STUDY_METHOD_KEYS = ["ar", *(dcfg.method_key(m, m["drafter_id"]) for m in STUDY_STAGE["methods"])] if STUDY else []
 FINDINGS_STAGE = dcfg.findings_stage(config, DRAFTER_IDS) if FINDINGS else None
 FINDINGS_ID = dcfg.stage_id(config, FINDINGS_STAGE) if FINDINGS else None
+
+
+def cluster_resources(rule_name, imported=None):
+    """The ``resources:`` of ``rule_name`` (``**cluster_resources(...)`` in a rule): callables over the job's
+    wildcards reading :func:`dscout.resources.job_resources`, so an import (``imported(wildcards)`` true) asks for
+    no GPU and little memory, and a multi-GPU job for one node. On a local executor only ``gpu`` is set; on a
+    cluster executor also runtime (minutes), mem_mb, cpus_per_task and nodes. ``--set-resources`` still wins."""
+    cluster = CORES is None
+    keys = ["gpu"] + (["runtime", "mem_mb", "cpus_per_task", "nodes"] if cluster else [])
+    fallback = {"nodes": 1}
+
+    def value(key):
+        def fn(wildcards):
+            res = dres.job_resources(config, rule_name, bool(imported and imported(wildcards)), cluster)
+            return res.get(key, fallback.get(key))
+
+        return fn
+
+    # a key the rule never sets (e.g. mem_mb of target_features) is left to the profile's default-resources
+    table = {**dres.CLUSTER_RESOURCES.get(rule_name, {}), **dres.CLUSTER_RESOURCES.get("import_drafter", {})} \
+        if imported else dres.CLUSTER_RESOURCES.get(rule_name, {})
+    return {k: value(k) for k in keys if k in ("gpu", "nodes") or k in table}
 
 
 def stage_json(obj):

@@ -11,6 +11,8 @@ rule prepare_target:
         stage=stage_json(dcfg.prepare_target_stage(config, NUM_TARGET_LAYERS)),
         code=code("target"),
         data_root=DATA_ROOT,
+    resources:
+        **cluster_resources("prepare_target"),
     log:
         "results/logs/prepare_target/{tid}.log",
     benchmark:
@@ -34,6 +36,8 @@ rule write_published:
     params:
         cli=CLI,
         stage=lambda w: stage_json(PUBLISHED[w.name]),
+    resources:
+        **cluster_resources("write_published"),
     log:
         "results/logs/write_published/{name}.log",
     conda:
@@ -58,7 +62,7 @@ rule generate_responses:
     threads: JOB_THREADS
     priority: 1  # on the path to every training job (the accuracy stage can wait)
     resources:
-        gpu=GPUS,
+        **cluster_resources("generate_responses"),
     log:
         "results/logs/generate_responses/{rid}.log",
     benchmark:

@@ -279,11 +279,10 @@ def _first_turn_ids(tokenizer, items, chat: dict) -> list[list[int]]:
                             chat.get("enable_thinking")) for it in items]
 
 
-def cmd_depth_search(a):
-    from dscout.config import write_resolved
+def _depth_search_inputs(a):
+    """The depth search's stage, target, benchmark prompts (first turns, chat-templated) and stop ids."""
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
-    from dscout.experiments.depth_search import run_depth_search
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
@@ -293,8 +292,43 @@ def cmd_depth_search(a):
              for it in load_benchmark(name, data_root(a.data_root), st["num_prompts"], seed=st["seed"])]
     prompts = _first_turn_ids(target.tokenizer, items, chat)
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])
-    run_depth_search(target, a.features, st, prompts, stops, Path(a.out).parent)
+    return st, target, prompts, stops
+
+
+def cmd_depth_search(a):
+    from dscout.config import write_resolved
+
+    st, target, prompts, stops = _depth_search_inputs(a)
+    if a.points:  # online features: each candidate was trained and measured by its own job (rules/depth.smk)
+        from dscout.experiments.depth_search import assemble_depth_search
+
+        assemble_depth_search(target, st, prompts, stops, a.points, a.out)
+    else:
+        from dscout.experiments.depth_search import run_depth_search
+
+        if not a.features:
+            raise SystemExit("dscout depth-search: give --features (one job trains every candidate from the cache) "
+                             "or --points (the candidate jobs' point.json files)")
+        run_depth_search(target, a.features, st, prompts, stops, Path(a.out).parent)
     write_resolved(Path(a.out).parent / "config.resolved.json", st)
+
+
+def cmd_plan_cost(a):
+    from dscout.cost import plan_cost
+
+    cfg = json.loads(a.config_json) if a.config_json else None
+    text = plan_cost(a.configfile, config=cfg, project_dir=a.project_dir)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+    print(text, end="")
+
+
+def cmd_depth_point(a):
+    from dscout.experiments.depth_search import write_depth_point
+
+    st, target, prompts, stops = _depth_search_inputs(a)
+    write_depth_point(target, a.drafter, st, prompts, stops, a.out)
 
 
 def cmd_fig5(a):
@@ -534,6 +568,13 @@ def main(argv=None):
         p.set_defaults(fn=fn)
         return p
 
+    p = sub.add_parser("plan-cost", help="the bill: jobs, GPU-hours, wall time vs runtime, memory, disk per rule")
+    p.add_argument("--configfile", nargs="*", default=["config.yaml"],
+                   help="config files merged in order (config.yaml first, then a preset)")
+    p.add_argument("--config-json", default=None, help="the merged config as JSON (the `cost` rule)")
+    p.add_argument("--project-dir", default=".", help="the folder a local target source is relative to")
+    p.add_argument("--out", default=None, help="also write the bill (Markdown) here")
+    p.set_defaults(fn=cmd_plan_cost)
     p = sub.add_parser("fetch-data", help="write a data mirror from the hub (for compute nodes without internet)")
     p.add_argument("--out", required=True, help="the mirror folder (point data_root or $DSCOUT_DATA_ROOT at it)")
     p.add_argument("--benchmarks", nargs="*", default=None, help="benchmark names (default: all six)")
@@ -615,8 +656,14 @@ def main(argv=None):
     p.add_argument("--out-prefix", required=True)
     p = add("depth-search", cmd_depth_search, "Figure 5's drafter-depth search (trains candidates lazily)")
     p.add_argument("--target", required=True)
-    p.add_argument("--features", required=True)
+    p.add_argument("--features", default=None, help="the feature cache: train every candidate in this job")
+    p.add_argument("--points", nargs="+", default=None, help="the candidate jobs' point.json (online features)")
     p.add_argument("--out", required=True, help="the search.json to write (candidates go beside it)")
+    p.add_argument("--data-root", default=None)
+    p = add("depth-point", cmd_depth_point, "τ, T and G of one trained depth-search candidate (point.json)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", required=True, help="the trained candidate's folder")
+    p.add_argument("--out", required=True, help="the point.json to write")
     p.add_argument("--data-root", default=None)
     p = add("fig5", cmd_fig5, "Figure 5 from the depth search's search.json")
     p.add_argument("--search", required=True)
