@@ -12,11 +12,19 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from dscout import config as dcfg  # noqa: E402
 from dscout import resources as dres  # noqa: E402
 from dscout.data import fetch as dcfg_fetch  # noqa: E402
+from dscout.data import models as dcfg_models  # noqa: E402
 
 validate(config, "../schemas/config.schema.yaml")
 dcfg._check_references(config)
 # block sizes vs horizons, mask id vs vocabulary, data files (a relative data_root: relative to this project)
 dcfg.check_plan(config, "the merged config files", project_dir=workflow.basedir)
+
+# Hub models (the target, published drafters): `download_models` (a localrule, rules/target.smk) snapshots them
+# into the HF cache once, before prepare_target; every job then runs with the hub offline, reading that cache.
+HUB_MODELS = dcfg_models.hub_models(config)
+HUB_STAMP = "results/hub/download.json"
+if HUB_MODELS:
+    shell.prefix("set -euo pipefail; export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1; ")
 
 # Every id wildcard is one path component (a readable name plus a hash); benchmarks are the registry's names; a
 # concurrency level is a number. Rule-specific constraints (the temperature split of benchmark /

@@ -324,6 +324,12 @@ def cmd_plan_cost(a):
     print(text, end="")
 
 
+def cmd_download_models(a):
+    from dscout.data.models import download
+
+    download(json.loads(a.stage), a.out, a.data_root)
+
+
 def cmd_depth_point(a):
     from dscout.experiments.depth_search import write_depth_point
 
@@ -659,6 +665,10 @@ def main(argv=None):
     p.add_argument("--features", default=None, help="the feature cache: train every candidate in this job")
     p.add_argument("--points", nargs="+", default=None, help="the candidate jobs' point.json (online features)")
     p.add_argument("--out", required=True, help="the search.json to write (candidates go beside it)")
+    p.add_argument("--data-root", default=None)
+    p = add("download-models", cmd_download_models, "snapshot the config's hub models (and datasets without a "
+            "mirror file) into the HF caches, for jobs that then run with the hub offline")
+    p.add_argument("--out", required=True, help="the JSON record to write (repo -> snapshot folder)")
     p.add_argument("--data-root", default=None)
     p = add("depth-point", cmd_depth_point, "τ, T and G of one trained depth-search candidate (point.json)")
     p.add_argument("--target", required=True)

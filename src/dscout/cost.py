@@ -249,7 +249,8 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
     c = {k: v[0] for k, v in C.items()}
     shape = target_shape(config, project_dir)
     t, r, tr = config["target"], config["responses"], config["training"]
-    ranks = max(int(tr["num_gpus"]), 1)
+    ranks = max(int(tr["num_gpus"]), 1)  # processes of a multi-GPU job (one on a CPU)
+    gpus, gpu1 = int(tr["num_gpus"]), min(int(tr["num_gpus"]), 1)  # GPUs of a multi-GPU / single-GPU job
     wbytes = 2 if t.get("dtype") in ("bfloat16", "float16") else 4
     target_bytes = (shape.layers * shape.layer_params + 2 * shape.vocab * shape.hidden) * wbytes
     peak = c["peak_flops"]
@@ -268,7 +269,7 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
     add("prepare_target", 1, 0, target_bytes / c["host_bytes_per_second"], host=target_bytes,
         note="weights read once (hub cache or materialised)")
     gen_flops = 2.0 * shape.matmul_params * n_resp * (c["prompt_tokens"] + c["response_fill"] * r["max_new_tokens"])
-    add("generate_responses", 1, ranks, gen_flops / (ranks * peak * c["generate_mfu"]),
+    add("generate_responses", 1, gpus, gen_flops / (ranks * peak * c["generate_mfu"]),
         disk=resp_tokens * c["response_bytes_per_token"], host=target_bytes, flops=gen_flops,
         note=f"{n_resp:,} responses")
 
@@ -303,16 +304,13 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
                 note=f"{name}: published checkpoint imported (no target load)")
             continue
         variant = dcfg.drafter_variant(config, name)
-        if v.get("kind", "dflash") != "dflash":
-            layers, taps = v["num_layers"], 3  # EAGLE-3 fuses 3 taps; PARD-2 reads none (upper bound)
-        else:
-            layers = v["num_layers"]
-            taps = len(dcfg.resolved_layer_ids(variant, shape.layers))
-        flops, disk, steps = train_cost(layers, taps, v.get("options"), v.get("recipe", "dflash"), variant["training"])
-        add("train_drafter", 1, ranks, flops / (ranks * peak * c["train_mfu"]), disk=disk, host=ranks * target_bytes,
+        layer_ids = dcfg.resolved_layer_ids(variant, shape.layers)  # EAGLE-3: its 3 taps; PARD-2: none
+        flops, disk, steps = train_cost(v["num_layers"], len(layer_ids), v.get("options"), v.get("recipe", "dflash"),
+                                        variant["training"])
+        add("train_drafter", 1, gpus, flops / (ranks * peak * c["train_mfu"]), disk=disk, host=ranks * target_bytes,
             flops=flops, note=f"{name}: {steps:,} steps")
-        if config["features"]["mode"] == "cache":
-            feature_sets[tuple(sorted(dcfg.resolved_layer_ids(variant, shape.layers)))] = 1
+        if config["features"]["mode"] == "cache" and layer_ids:
+            feature_sets[tuple(sorted(layer_ids))] = 1
 
     d = config.get("depth_search", {})
     if d.get("enabled"):
@@ -326,14 +324,14 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
         sweep_s = (len(d["candidates"]) + 2) * d["max_new_tokens"] * c["spec_seconds_per_token"]
         if config["features"]["mode"] == "online":
             for dd, (flops, disk, steps) in zip(sorted(d["candidates"]), costs):
-                add("depth_candidate", 1, ranks, flops / (ranks * peak * c["train_mfu"]) + eval_s, disk=disk,
+                add("depth_candidate", 1, gpus, flops / (ranks * peak * c["train_mfu"]) + eval_s, disk=disk,
                     host=ranks * target_bytes, flops=flops, note=f"d = {dd}: {steps:,} steps (lazy: up to)")
-            add("depth_search", 1, min(ranks, 1), sweep_s, host=target_bytes, note="latency sweep only")
+            add("depth_search", 1, gpu1, sweep_s, host=target_bytes, note="latency sweep only")
         else:
             feature_sets[tuple(sorted(taps))] = 1
             flops = sum(x[0] for x in costs)
-            add("depth_search", 1, min(ranks, 1),
-                flops / (min(ranks, 1) * peak * c["train_mfu"]) + len(costs) * eval_s + sweep_s,
+            add("depth_search", 1, gpu1,
+                flops / (peak * c["train_mfu"]) + len(costs) * eval_s + sweep_s,
                 disk=sum(x[1] for x in costs), host=target_bytes, flops=flops,
                 note=f"{len(costs)} candidates trained one after another in one job (up to)")
     store = {"float16": 2, "bfloat16": 2, "float32": 4}[config["features"].get("store_dtype", "float16")]
@@ -341,8 +339,8 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
     for layer_set in feature_sets:
         per_token = (len(layer_set) + 1) * shape.hidden * store + 9
         flops = 2.0 * shape.matmul_params * train_tokens
-        add("target_features", 1, min(ranks, 1),
-            max(flops / (max(min(ranks, 1), 1) * peak * c["features_mfu"]),
+        add("target_features", 1, gpu1,
+            max(flops / (peak * c["features_mfu"]),
                 train_tokens * per_token / c["host_bytes_per_second"]),
             disk=train_tokens * per_token, host=target_bytes, flops=flops,
             note=f"{len(layer_set)} taps, {per_token / 1e3:,.0f} KB per token")
@@ -360,14 +358,14 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
         for name in b["names"]:
             tok = _bench_tokens(b["num_prompts"], max_new, [name]) * c["bench_fill"]
             rep = tok * (c["ar_seconds_per_token"] + len(ms) * c["spec_seconds_per_token"])
-            add(rule, 1, min(ranks, 1), rep * repeats, repeat=rep, host=target_bytes, note=f"{name}, T = {temp:g}")
+            add(rule, 1, gpu1, rep * repeats, repeat=rep, host=target_bytes, note=f"{name}, T = {temp:g}")
     s = config.get("study", {})
     if s.get("enabled"):
         n_methods = len(dcfg.study_drafters(config))
         for name in s["benchmarks"]:
             tok = _bench_tokens(s["num_prompts"], s["max_new_tokens"], [name]) * c["bench_fill"]
             rep = tok * (c["ar_seconds_per_token"] + n_methods * c["spec_seconds_per_token"])
-            add("study_benchmark", 1, min(ranks, 1), rep, repeat=rep, host=target_bytes, note=name)
+            add("study_benchmark", 1, gpu1, rep, repeat=rep, host=target_bytes, note=name)
     sv = config.get("serving", {})
     if sv.get("enabled"):
         n_methods = 1 + 1 + len(sv["block_sizes"]) + (1 if sv.get("eagle3_drafter") else 0)
@@ -376,7 +374,7 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
             tok = pool * len(sv["benchmarks"]) * sv["max_new_tokens"] * n_methods * c["bench_fill"]
             reps = repeats if sv["backend"] == "batched" else 1
             rep = tok * c["serving_seconds_per_token"] / conc + n_methods * c["server_startup_seconds"]
-            add("serving_benchmark", 1, min(ranks, 1), rep * reps, repeat=rep, host=target_bytes, note=f"c = {conc}")
+            add("serving_benchmark", 1, gpu1, rep * reps, repeat=rep, host=target_bytes, note=f"c = {conc}")
     rows = _with_gpu_memory(rows, config)
     return Bill(rows, C, (config.get("cluster") or {}).get("disk_budget_gb"), device)
 
