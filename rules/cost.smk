@@ -13,6 +13,8 @@ rule cost:
         config=lambda w: json.dumps(config, sort_keys=True, default=str),
         project=workflow.basedir,
     localrule: True
+    conda:
+        "../envs/plot.yaml"  # torch-free: the cost model reads shapes and the config only
     shell:
         "python {params.cli} plan-cost --config-json {params.config:q} --project-dir {params.project:q} "
         "--out results/cost/bill.md"

@@ -50,6 +50,20 @@ def load_target(target_dir: str, stage: dict | None = None):
                             attn_implementation=t.get("attn_implementation"))
 
 
+def load_target_skeleton(target_dir: str):
+    """The prepared target's shape only (meta device, no weights: :func:`dscout.models.pretrained.target_skeleton`),
+    in its configured dtype; what an import of a published drafter checks against."""
+    import torch
+
+    from dscout.models.pretrained import target_skeleton
+
+    info = json.loads((Path(target_dir) / "target.json").read_text())
+    load_from = info["load_from"]
+    if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
+        load_from = str(target_dir)
+    return target_skeleton(load_from, getattr(torch, info.get("stage", {}).get("dtype", "float32")))
+
+
 def sglang_model_path(target_dir: str) -> str:
     """What an SGLang stage loads as the target: the prepared target's ``load_from`` (``target.json``).
 
@@ -173,7 +187,8 @@ def cmd_train(a):
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
-    target = load_target(a.target)
+    # an import checks shapes only: the target's skeleton (no weights, no GPU; the job asks for neither)
+    target = load_target_skeleton(a.target) if st.get("pretrained") else load_target(a.target)
     if st.get("pretrained"):
         from dscout.models.pretrained import import_pretrained_drafter
 
