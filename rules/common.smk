@@ -13,6 +13,8 @@ from dscout import config as dcfg  # noqa: E402
 from dscout import resources as dres  # noqa: E402
 from dscout.data import fetch as dcfg_fetch  # noqa: E402
 from dscout.data import models as dcfg_models  # noqa: E402
+from dscout.experiments.depth_search import candidate_stage as depth_candidate_stage  # noqa: E402
+from dscout.experiments.depth_search import unimodal_peak_search  # noqa: E402
 
 validate(config, "../schemas/config.schema.yaml")
 dcfg._check_references(config)
@@ -115,6 +117,26 @@ FEATURE_STAGES = {
     for layers in [st["layer_ids"] for st in DRAFTER_STAGES.values() if st["layer_ids"]]
     + ([DEPTH_STAGE["layer_ids"]] if DEPTH else [])
 }
+
+
+# features.mode: online -- the depth search trains each candidate in its own job (rules/depth.smk)
+DEPTH_ONLINE = DEPTH and config["features"]["mode"] == "online"
+
+
+def depth_points(wildcards):
+    """The point.json of every candidate the lazy search trains (each one a checkpoint job): d_1, then d + 1
+    only while G rose at d."""
+    from dscout.experiments.depth_search import read_point
+
+    paths = []
+
+    def throughput(d):
+        path = checkpoints.depth_candidate.get(did=wildcards.did, d=d).output.point
+        paths.append(path)
+        return read_point(path).throughput
+
+    unimodal_peak_search(DEPTH_STAGE["candidates"], throughput)
+    return paths
 
 
 def feature_cache(layer_ids):

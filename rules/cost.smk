@@ -12,9 +12,11 @@ rule cost:
         cli=CLI,
         config=lambda w: json.dumps(config, sort_keys=True, default=str),
         project=workflow.basedir,
+    log:
+        "results/logs/cost.log",
     localrule: True
     conda:
         "../envs/plot.yaml"  # torch-free: the cost model reads shapes and the config only
     shell:
         "python {params.cli} plan-cost --config-json {params.config:q} --project-dir {params.project:q} "
-        "--out results/cost/bill.md"
+        "--out results/cost/bill.md 2> {log}"

@@ -7,12 +7,6 @@
 # training job (the train_drafter command, launcher and resources, multi-GPU) that then measures its τ, T and G
 # (point.json). `depth_candidate` is a Snakemake checkpoint: the search job's input function walks the candidates
 # with the same unimodal_peak_search, asking for candidate d + 1 only once d's point shows G still rose.
-from dscout.experiments.depth_search import candidate_stage as _depth_candidate_stage  # noqa: E402
-from dscout.experiments.depth_search import unimodal_peak_search as _unimodal_peak_search  # noqa: E402
-
-DEPTH_ONLINE = DEPTH and config["features"]["mode"] == "online"
-
-
 if DEPTH_ONLINE:
 
     checkpoint depth_candidate:
@@ -28,7 +22,7 @@ if DEPTH_ONLINE:
             d=r"\d+",
         params:
             cli=CLI,
-            stage=lambda w: stage_json(_depth_candidate_stage(DEPTH_STAGE, int(w.d))),
+            stage=lambda w: stage_json(depth_candidate_stage(DEPTH_STAGE, int(w.d))),
             search=lambda w: stage_json(DEPTH_STAGE),
             responses_stage=stage_json(config["responses"]),
             launcher=launcher,
@@ -52,21 +46,6 @@ if DEPTH_ONLINE:
             "python {params.cli} depth-point --stage {params.search:q} --target $(dirname {input.target}) "
             "--drafter $(dirname {output.summary}) --out {output.point} --data-root {params.data_root:q} "
             "--threads {threads} >> {log} 2>&1"
-
-    def depth_points(wildcards):
-        """The point.json of every candidate the lazy search trains (each one a checkpoint job): d_1, then d + 1
-        only while G rose at d."""
-        from dscout.experiments.depth_search import read_point
-
-        paths = []
-
-        def throughput(d):
-            path = checkpoints.depth_candidate.get(did=wildcards.did, d=d).output.point
-            paths.append(path)
-            return read_point(path).throughput
-
-        _unimodal_peak_search(DEPTH_STAGE["candidates"], throughput)
-        return paths
 
     rule depth_search:
         message:
