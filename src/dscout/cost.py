@@ -274,12 +274,13 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
         note=f"{n_resp:,} responses")
 
     # drafters: the main ones, the study's and the depth search's candidates
-    if config.get("study", {}).get("enabled"):  # the study's drafters join the configured ones (rules/common.smk)
-        import copy
+    import copy
 
-        config = copy.deepcopy(config)
-        for name, variant in dcfg.study_drafters(config).items():
-            config["drafters"].setdefault(name, variant)
+    config = copy.deepcopy(config)  # the study's and findings' drafters join the configured ones (rules/common.smk)
+    for stage, drafters_of in (("study", dcfg.study_drafters), ("findings", dcfg.findings_drafters)):
+        if config.get(stage, {}).get("enabled"):
+            for name, variant in drafters_of(config).items():
+                config["drafters"].setdefault(name, variant)
     drafters = dict(config["drafters"])
     feature_sets: dict[tuple, int] = {}
     ckpt_bpp = 14 if t.get("dtype") == "bfloat16" else 16
@@ -470,9 +471,9 @@ def render(b: Bill) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r, gh in _merged_rows(b):
         mem = f"{r.gpu_memory_gb:,.1f} GB" if r.gpu_memory_gb is not None else "n/a (memory plan)"
-        runtime = f"{r.runtime_minutes} min" if r.runtime_minutes else "local"
+        runtime = f"{r.runtime_minutes} min" if r.runtime_minutes and b.device == "cuda" else "none (local run)"
         lines.append(f"| {r.rule} | {r.jobs} | {r.gpus_per_job} | {gh:,.1f} | {_hours(r.wall_seconds)} | {runtime} | "
-                     f"{r.attempts} | {r.resumable} | {mem} | {_size(r.host_memory_bytes)} | {_size(r.disk_bytes)} |")
+                     f"{r.attempts if b.device == 'cuda' else 1} | {r.resumable} | {mem} | {_size(r.host_memory_bytes)} | {_size(r.disk_bytes)} |")
     lines.append(f"| **total** | {sum(r.jobs for r in b.rows)} | | {b.gpu_hours:,.1f} | | | | | | | "
                  f"{_size(b.disk_bytes)} |")
     ps = problems(b, check_runtime=b.device == "cuda")
