@@ -170,3 +170,41 @@ def test_smoke_depth_search_on_online_features_end_to_end(tmp_path):
         assert p["tau"] >= 1 and p["throughput"] > 0 and p["train_seconds"] > 0
         assert len(summary["checkpoint_save_seconds"]) == 1 and summary["checkpoint_save_seconds"][0] > 0
     assert (work / "results" / "figures" / "fig5.png").stat().st_size > 0
+
+
+@pytest.mark.filterwarnings("ignore:the mask token id")  # a 64-token toy vocabulary has no unused id
+def test_cache_mode_search_trains_lazily_resumes_and_agrees_with_the_point_files(tmp_path):
+    """The CPU default's single-job search (features.mode: cache) on a tiny target: candidates train from the
+    feature cache, a second call reuses them (same τ), and the online path's assembly of the same points gives the
+    same peak and count."""
+    import json
+
+    import torch
+
+    from dscout.experiments.depth_search import DepthPoint, run_depth_search, search_result
+    from dscout.training.features import build_feature_cache
+    from tests.conftest import greedy_sequences, tiny_target
+    from tests.workflow import ROOT
+
+    t = tiny_target(dtype=torch.float32, seed=5, init=0.3)
+    seqs = greedy_sequences(t, n=8, new_tokens=24)
+    build_feature_cache(t, seqs, [1, 2], tmp_path / "features", shard_size=8, batch_size=4)
+    training = {"num_anchors": 4, "micro_batch_size": 2, "lr": 3e-3, "warmup_ratio": 0.0, "weight_decay": 0.0,
+                "max_steps": 2, "epochs": 6, "seed": 1, "checkpoint_every": 0,
+                "deepspeed_config": str(ROOT / "configs" / "deepspeed" / "cpu.json")}
+    stage = {"recipe": "dscout", "candidates": [2, 1], "layer_ids": [1, 2], "mask_token_id": 63, "block_size": 4,
+             "max_new_tokens": 8, "max_steps": 2, "training": training, "options": {}}
+    prompts = [s["input_ids"][:5] for s in seqs[:2]]
+    first = run_depth_search(t, str(tmp_path / "features"), stage, prompts, [0], tmp_path / "search")
+    assert json.loads((tmp_path / "search" / "search.json").read_text()) == json.loads(json.dumps(first))
+    assert first["exhaustive"] == 2 and first["trained"] == len(first["points"]) >= 1
+    assert [p["depth"] for p in first["points"]] == [1, 2][:first["trained"]]
+    summary = json.loads((tmp_path / "search" / "d1" / "training_summary.json").read_text())
+    assert summary["steps"] == 2 and summary["train_config"]["epochs"] == 1.0  # steps bound a candidate
+    again = run_depth_search(t, str(tmp_path / "features"), stage, prompts, [0], tmp_path / "search")
+    assert [p["tau"] for p in again["points"]][:1] == [p["tau"] for p in first["points"]][:1]  # d = 1 reused
+    assert again["points"][0]["train_seconds"] < first["points"][0]["train_seconds"]
+    points = [DepthPoint(**p) for p in first["points"]]
+    online = search_result(stage, {k: first[k] for k in ("latency_sweep", "latency_fit", "taps_sweep",
+                                                          "taps_sweep_depth")}, points)
+    assert online == first

@@ -197,8 +197,8 @@ def candidate_stage(stage: dict, depth: int) -> dict:
     opts = dict(stage.get("options") or {})
     init = bool(opts.pop("init_from_target", False))
     training = {**stage["training"], "max_steps": stage["max_steps"], "epochs": 1.0}
-    return {"responses": stage["responses"], "recipe": stage["recipe"], "num_layers": depth,
-            "layer_ids": stage["layer_ids"], "mask_token_id": stage["mask_token_id"], "features": stage["features"],
+    return {"responses": stage.get("responses"), "recipe": stage["recipe"], "num_layers": depth,
+            "layer_ids": stage["layer_ids"], "mask_token_id": stage["mask_token_id"], "features": stage.get("features"),
             "training": training, "init_from_target": init, "options": opts}
 
 
