@@ -69,9 +69,11 @@ TOKEN_CONSTANTS: dict[str, tuple[float, str]] = {
     "prompt_tokens": (128.0, "estimate: mean prompt length of an instruction set after the chat template"),
     "response_fill": (0.25, "estimate: mean response length as a fraction of responses.max_new_tokens"),
     "bench_fill": (0.5, "estimate: mean decoded length as a fraction of a benchmark's max_new_tokens (EOS)"),
+    "import_seconds": (60.0, "estimate: read, check and re-save one published drafter checkpoint"),
+    "import_bytes": (2e9, "estimate: one published drafter (EAGLE-3 / PARD-2 of an 8B target) in bf16"),
     "response_bytes_per_token": (7.0, "estimate: a token id in the responses JSONL (digits + separator)"),
 }
-"""Token-count constants (estimates), overridable under ``cluster.throughput`` like the device ones."""
+"""Token-count and size constants (estimates), overridable under ``cluster.throughput`` like the device ones."""
 
 SOURCE_ROWS = {"open_perfectblend": 1_420_909}
 """Published row counts of prompt sources read whole (``count: -1``): mlabonne/open-perfectblend's train split
@@ -301,7 +303,8 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
 
     for name, v in drafters.items():
         if v.get("pretrained"):
-            add("train_drafter", 1, 0, 60.0, disk=2.0e9, host=4.0e9, imported=True,
+            add("train_drafter", 1, 0, c["import_seconds"], disk=c["import_bytes"], host=2 * c["import_bytes"],
+                imported=True,
                 note=f"{name}: published checkpoint imported (no target load)")
             continue
         variant = dcfg.drafter_variant(config, name)
