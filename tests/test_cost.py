@@ -229,3 +229,11 @@ def test_paper_plan_downloads_the_models_before_the_first_job():
     assert 0 <= out.index("Snapshotting the hub models") < out.index("Preparing target")
     # the download itself runs online (the variables the jobs export are overridden for its command)
     assert "HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 python src/dscout/cli.py download-models" in out
+
+
+def test_readme_bill_is_the_paper_presets_bill():
+    """README "The bill" shows what `dscout plan-cost` prints for the paper preset (regenerate it with
+    `python src/dscout/cli.py plan-cost --configfile config.yaml presets/paper.yaml` after a change of the model)."""
+    table = cost.render(cost.bill(_cfg("paper.yaml"), ROOT)).split("\n\n")[0].strip()
+    readme = (ROOT / "README.md").read_text()
+    assert "### The bill" in readme and table in readme
