@@ -4,6 +4,7 @@
 #   snakemake --cores all --configfile presets/smoke.yaml   # the tiny end-to-end run the tests use
 #   snakemake --profile profiles/slurm --configfile presets/paper.yaml --sdm conda   # GPU cluster
 #   snakemake results/tables/table3.md                      # one artifact (and only what it needs)
+#   snakemake --configfile presets/paper.yaml cost          # the bill (GPU-hours, wall vs runtime, disk) first
 
 import os
 
@@ -27,6 +28,7 @@ include: "rules/depth.smk"
 include: "rules/serving.smk"
 include: "rules/findings.smk"
 include: "rules/memory.smk"
+include: "rules/cost.smk"
 
 
 rule all:

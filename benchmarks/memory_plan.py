@@ -27,11 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-PEAK_FLOPS = 989e12
-"""Estimate: dense bf16 tensor-core peak of one H100 SXM (NVIDIA's datasheet figure without sparsity)."""
-MFU = 0.40
-"""Estimate: model-FLOP utilisation of a training update (large bf16 matmuls dominate; 0.35-0.5 is typical of
-well-fed transformer training on H100s). Replace with ``gpu_check.py``'s measured seconds per update when run."""
+from dscout.cost import DEVICE_CONSTANTS  # noqa: E402  (one home for the throughput constants: the bill's)
+
+PEAK_FLOPS = DEVICE_CONSTANTS["cuda"]["peak_flops"][0]
+"""Dense bf16 tensor-core peak of one H100 SXM (the cost model's constant and source)."""
+MFU = DEVICE_CONSTANTS["cuda"]["train_mfu"][0]
+"""Estimate: model-FLOP utilisation of a training update, the cost model's ``train_mfu`` (so the bill and this
+report agree). Replace with ``gpu_check.py``'s measured seconds per update when run."""
 PROMPTS = 1_400_000
 """Training sequences: Open-PerfectBlend's ~1.4M prompts (docs/method.md §3), each regenerated once."""
 

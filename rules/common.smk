@@ -10,12 +10,23 @@ from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from dscout import config as dcfg  # noqa: E402
+from dscout import resources as dres  # noqa: E402
 from dscout.data import fetch as dcfg_fetch  # noqa: E402
+from dscout.data import models as dcfg_models  # noqa: E402
+from dscout.experiments.depth_search import candidate_stage as depth_candidate_stage  # noqa: E402
+from dscout.experiments.depth_search import unimodal_peak_search  # noqa: E402
 
 validate(config, "../schemas/config.schema.yaml")
 dcfg._check_references(config)
 # block sizes vs horizons, mask id vs vocabulary, data files (a relative data_root: relative to this project)
 dcfg.check_plan(config, "the merged config files", project_dir=workflow.basedir)
+
+# Hub models (the target, published drafters): `download_models` (a localrule, rules/target.smk) snapshots them
+# into the HF cache once, before prepare_target; every job then runs with the hub offline, reading that cache.
+HUB_MODELS = dcfg_models.hub_models(config)
+HUB_STAMP = "results/hub/download.json"
+if HUB_MODELS:
+    shell.prefix("set -euo pipefail; export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1; ")
 
 # Every id wildcard is one path component (a readable name plus a hash); benchmarks are the registry's names; a
 # concurrency level is a number. Rule-specific constraints (the temperature split of benchmark /
@@ -108,6 +119,26 @@ FEATURE_STAGES = {
 }
 
 
+# features.mode: online -- the depth search trains each candidate in its own job (rules/depth.smk)
+DEPTH_ONLINE = DEPTH and config["features"]["mode"] == "online"
+
+
+def depth_points(wildcards):
+    """The point.json of every candidate the lazy search trains (each one a checkpoint job): d_1, then d + 1
+    only while G rose at d."""
+    from dscout.experiments.depth_search import read_point
+
+    paths = []
+
+    def throughput(d):
+        path = checkpoints.depth_candidate.get(did=wildcards.did, d=d).output.point
+        paths.append(path)
+        return read_point(path).throughput
+
+    unimodal_peak_search(DEPTH_STAGE["candidates"], throughput)
+    return paths
+
+
 def feature_cache(layer_ids):
     """Path of the feature cache holding exactly ``layer_ids`` (any order) for the configured responses."""
     return f"results/features/{RESPONSES_ID}/{dcfg.features_id(config, layer_ids)}/index.json"
@@ -139,6 +170,28 @@ STUDY_ID = dcfg.stage_id(config, STUDY_STAGE) if STUDY else None
 STUDY_METHOD_KEYS = ["ar", *(dcfg.method_key(m, m["drafter_id"]) for m in STUDY_STAGE["methods"])] if STUDY else []
 FINDINGS_STAGE = dcfg.findings_stage(config, DRAFTER_IDS) if FINDINGS else None
 FINDINGS_ID = dcfg.stage_id(config, FINDINGS_STAGE) if FINDINGS else None
+
+
+def cluster_resources(rule_name, imported=None):
+    """The ``resources:`` of ``rule_name`` (``**cluster_resources(...)`` in a rule): callables over the job's
+    wildcards reading :func:`dscout.resources.job_resources`, so an import (``imported(wildcards)`` true) asks for
+    no GPU and little memory, and a multi-GPU job for one node. On a local executor only ``gpu`` is set; on a
+    cluster executor also runtime (minutes), mem_mb, cpus_per_task and nodes. ``--set-resources`` still wins."""
+    cluster = CORES is None
+    keys = ["gpu"] + (["runtime", "mem_mb", "cpus_per_task", "nodes"] if cluster else [])
+    fallback = {"nodes": 1}
+
+    def value(key):
+        def fn(wildcards):
+            res = dres.job_resources(config, rule_name, bool(imported and imported(wildcards)), cluster)
+            return res.get(key, fallback.get(key))
+
+        return fn
+
+    # a key the rule never sets (e.g. mem_mb of target_features) is left to the profile's default-resources
+    table = {**dres.CLUSTER_RESOURCES.get(rule_name, {}), **dres.CLUSTER_RESOURCES.get("import_drafter", {})} \
+        if imported else dres.CLUSTER_RESOURCES.get(rule_name, {})
+    return {k: value(k) for k in keys if k in ("gpu", "nodes") or k in table}
 
 
 def stage_json(obj):

@@ -19,7 +19,7 @@ rule study_benchmark:
         data_root=DATA_ROOT,
     threads: JOB_THREADS
     resources:
-        gpu=min(GPUS, 1),
+        **cluster_resources("study_benchmark"),
     log:
         "results/logs/study_benchmark/{sid}-{benchmark}.log",
     benchmark:

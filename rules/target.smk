@@ -1,9 +1,33 @@
 # Target preparation and response regeneration.
 
 
+rule download_models:
+    # on the login node (internet): every hub model of the config into the HF cache, and every hub dataset a
+    # stage reads without a mirror file into datasets' cache; the jobs after it run with the hub offline
+    message:
+        "Snapshotting the hub models {params.models} into the HF cache"
+    output:
+        HUB_STAMP,
+    params:
+        cli=CLI,
+        stage=stage_json(dcfg_models.download_plan(config)),
+        models=", ".join(HUB_MODELS),
+        data_root=DATA_ROOT,
+    log:
+        "results/logs/download_models.log",
+    localrule: True
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 python {params.cli} download-models --stage {params.stage:q} "
+        "--out {output} --data-root {params.data_root:q} > {log} 2>&1"
+
+
 rule prepare_target:
     message:
         "Preparing target {wildcards.tid}"
+    input:
+        hub=HUB_STAMP if HUB_MODELS else [],
     output:
         "results/target/{tid}/target.json",
     params:
@@ -11,6 +35,8 @@ rule prepare_target:
         stage=stage_json(dcfg.prepare_target_stage(config, NUM_TARGET_LAYERS)),
         code=code("target"),
         data_root=DATA_ROOT,
+    resources:
+        **cluster_resources("prepare_target"),
     log:
         "results/logs/prepare_target/{tid}.log",
     benchmark:
@@ -34,6 +60,8 @@ rule write_published:
     params:
         cli=CLI,
         stage=lambda w: stage_json(PUBLISHED[w.name]),
+    resources:
+        **cluster_resources("write_published"),
     log:
         "results/logs/write_published/{name}.log",
     conda:
@@ -60,7 +88,7 @@ rule generate_responses:
     threads: JOB_THREADS
     priority: 1  # on the path to every training job (the accuracy stage can wait)
     resources:
-        gpu=GPUS,
+        **cluster_resources("generate_responses"),
     log:
         "results/logs/generate_responses/{rid}.log",
     benchmark:

@@ -20,7 +20,7 @@ rule target_features:
     # instead of one of them alone while a late cache holds the other cores
     priority: 1
     resources:
-        gpu=min(GPUS, 1),
+        **cluster_resources("target_features"),
     log:
         "results/logs/target_features/{rid}-{fid}.log",
     benchmark:
@@ -54,7 +54,7 @@ rule train_drafter:
         code=code("train"),
     threads: TRAIN_THREADS
     resources:
-        gpu=GPUS,
+        **cluster_resources("train_drafter", imported=_imported),
     log:
         "results/logs/train_drafter/{did}.log",
     benchmark:

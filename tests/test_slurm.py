@@ -32,8 +32,12 @@ def _profile_overrides() -> list[str]:
     """Command-line values that replace the profile's cluster-specific ones (the README's documented override)."""
     profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "profile.yaml").read_text())
     small = ["mem_mb=1000", "cpus_per_task=1", "runtime=60"]
+    # the rules' own cluster requests (src/dscout/resources.py) are cut down the same way
+    from dscout.resources import CLUSTER_RESOURCES
+
+    rules = dict.fromkeys([*profile["set-resources"], *(r for r in CLUSTER_RESOURCES if r != "import_drafter")])
     return ["--default-resources", "slurm_partition=local", "slurm_account=local", *small,
-            "--set-resources", *[f"{rule}:{kv}" for rule in profile["set-resources"] for kv in small]]
+            "--set-resources", *[f"{rule}:{kv}" for rule in rules for kv in small]]
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +147,7 @@ def test_deepspeed_launcher_runs_two_ranks_inside_a_slurm_allocation(slurm_run, 
     did = dcfg.drafter_id(cfg, "dscout", cfg["target"]["num_layers"])
     overrides = _profile_overrides()
     overrides[overrides.index("--set-resources") + 1:] = ["train_drafter:cpus_per_task=2",
-                                                          "train_drafter:mem_mb=2000"]
+                                                          "train_drafter:mem_mb=2000", "train_drafter:runtime=60"]
     env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA)}
     for var in ("SLURM_CONF", *DIST_VARS):
         env.pop(var, None)

@@ -29,7 +29,17 @@ DATA = project_data_root()
 PAPER_DATASETS_CACHE = ROOT / ".cache" / "paper-plan-datasets-cache"
 (PAPER_DATASETS_CACHE / "mlabonne___open-perfectblend" / "default" / "0.0.0" / "plan-only").mkdir(parents=True,
                                                                                                    exist_ok=True)
-PAPER_DATA_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(PAPER_DATASETS_CACHE)}
+# Offline, the plan check also wants every hub model of the preset in the HF hub cache (what `download_models`
+# leaves there): a cache folder with a plan-only snapshot entry (refs/main + snapshots/<ref>/config.json) of each.
+PAPER_HUB_CACHE = ROOT / ".cache" / "paper-plan-hub-cache"
+for _repo in ("Qwen/Qwen3-8B", "AngelSlim/Qwen3-8B_eagle3", "amd/PARD2-Qwen3-8B"):
+    _entry = PAPER_HUB_CACHE / ("models--" + _repo.replace("/", "--"))
+    (_entry / "snapshots" / "plan-only").mkdir(parents=True, exist_ok=True)
+    (_entry / "refs").mkdir(exist_ok=True)
+    (_entry / "refs" / "main").write_text("plan-only")
+    (_entry / "snapshots" / "plan-only" / "config.json").write_text("{}")
+PAPER_DATA_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(PAPER_DATASETS_CACHE),
+                  "HF_HUB_CACHE": str(PAPER_HUB_CACHE)}
 PROJECT_FILES = ["Snakefile", "config.yaml", "rules", "schemas", "src", "configs", "presets", "envs", "report",
                  "profiles"]
 

@@ -50,6 +50,20 @@ def load_target(target_dir: str, stage: dict | None = None):
                             attn_implementation=t.get("attn_implementation"))
 
 
+def load_target_skeleton(target_dir: str):
+    """The prepared target's shape only (meta device, no weights: :func:`dscout.models.pretrained.target_skeleton`),
+    in its configured dtype; what an import of a published drafter checks against."""
+    import torch
+
+    from dscout.models.pretrained import target_skeleton
+
+    info = json.loads((Path(target_dir) / "target.json").read_text())
+    load_from = info["load_from"]
+    if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
+        load_from = str(target_dir)
+    return target_skeleton(load_from, getattr(torch, info.get("stage", {}).get("dtype", "float32")))
+
+
 def sglang_model_path(target_dir: str) -> str:
     """What an SGLang stage loads as the target: the prepared target's ``load_from`` (``target.json``).
 
@@ -176,7 +190,8 @@ def cmd_train(a):
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
-    target = load_target(a.target)
+    # an import checks shapes only: the target's skeleton (no weights, no GPU; the job asks for neither)
+    target = load_target_skeleton(a.target) if st.get("pretrained") else load_target(a.target)
     if st.get("pretrained"):
         from dscout.models.pretrained import import_pretrained_drafter
 
@@ -282,11 +297,10 @@ def _first_turn_ids(tokenizer, items, chat: dict) -> list[list[int]]:
                             chat.get("enable_thinking")) for it in items]
 
 
-def cmd_depth_search(a):
-    from dscout.config import write_resolved
+def _depth_search_inputs(a):
+    """The depth search's stage, target, benchmark prompts (first turns, chat-templated) and stop ids."""
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
-    from dscout.experiments.depth_search import run_depth_search
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
@@ -296,8 +310,49 @@ def cmd_depth_search(a):
              for it in load_benchmark(name, data_root(a.data_root), st["num_prompts"], seed=st["seed"])]
     prompts = _first_turn_ids(target.tokenizer, items, chat)
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])
-    run_depth_search(target, a.features, st, prompts, stops, Path(a.out).parent)
+    return st, target, prompts, stops
+
+
+def cmd_depth_search(a):
+    from dscout.config import write_resolved
+
+    st, target, prompts, stops = _depth_search_inputs(a)
+    if a.points:  # online features: each candidate was trained and measured by its own job (rules/depth.smk)
+        from dscout.experiments.depth_search import assemble_depth_search
+
+        assemble_depth_search(target, st, prompts, stops, a.points, a.out)
+    else:
+        from dscout.experiments.depth_search import run_depth_search
+
+        if not a.features:
+            raise SystemExit("dscout depth-search: give --features (one job trains every candidate from the cache) "
+                             "or --points (the candidate jobs' point.json files)")
+        run_depth_search(target, a.features, st, prompts, stops, Path(a.out).parent)
     write_resolved(Path(a.out).parent / "config.resolved.json", st)
+
+
+def cmd_plan_cost(a):
+    from dscout.cost import plan_cost
+
+    cfg = json.loads(a.config_json) if a.config_json else None
+    text = plan_cost(a.configfile, config=cfg, project_dir=a.project_dir)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+    print(text, end="")
+
+
+def cmd_download_models(a):
+    from dscout.data.models import download
+
+    download(json.loads(a.stage), a.out, a.data_root)
+
+
+def cmd_depth_point(a):
+    from dscout.experiments.depth_search import write_depth_point
+
+    st, target, prompts, stops = _depth_search_inputs(a)
+    write_depth_point(target, a.drafter, st, prompts, stops, a.out)
 
 
 def cmd_fig5(a):
@@ -543,6 +598,13 @@ def main(argv=None):
         p.set_defaults(fn=fn)
         return p
 
+    p = sub.add_parser("plan-cost", help="the bill: jobs, GPU-hours, wall time vs runtime, memory, disk per rule")
+    p.add_argument("--configfile", nargs="*", default=["config.yaml"],
+                   help="config files merged in order (config.yaml first, then a preset)")
+    p.add_argument("--config-json", default=None, help="the merged config as JSON (the `cost` rule)")
+    p.add_argument("--project-dir", default=".", help="the folder a local target source is relative to")
+    p.add_argument("--out", default=None, help="also write the bill (Markdown) here")
+    p.set_defaults(fn=cmd_plan_cost)
     p = sub.add_parser("fetch-data", help="write a data mirror from the hub (for compute nodes without internet)")
     p.add_argument("--out", required=True, help="the mirror folder (point data_root or $DSCOUT_DATA_ROOT at it)")
     p.add_argument("--benchmarks", nargs="*", default=None, help="benchmark names (default: all six)")
@@ -631,8 +693,18 @@ def main(argv=None):
     p.add_argument("--out-prefix", required=True)
     p = add("depth-search", cmd_depth_search, "Figure 5's drafter-depth search (trains candidates lazily)")
     p.add_argument("--target", required=True)
-    p.add_argument("--features", required=True)
+    p.add_argument("--features", default=None, help="the feature cache: train every candidate in this job")
+    p.add_argument("--points", nargs="+", default=None, help="the candidate jobs' point.json (online features)")
     p.add_argument("--out", required=True, help="the search.json to write (candidates go beside it)")
+    p.add_argument("--data-root", default=None)
+    p = add("download-models", cmd_download_models, "snapshot the config's hub models (and datasets without a "
+            "mirror file) into the HF caches, for jobs that then run with the hub offline")
+    p.add_argument("--out", required=True, help="the JSON record to write (repo -> snapshot folder)")
+    p.add_argument("--data-root", default=None)
+    p = add("depth-point", cmd_depth_point, "τ, T and G of one trained depth-search candidate (point.json)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", required=True, help="the trained candidate's folder")
+    p.add_argument("--out", required=True, help="the point.json to write")
     p.add_argument("--data-root", default=None)
     p = add("fig5", cmd_fig5, "Figure 5 from the depth search's search.json")
     p.add_argument("--search", required=True)

@@ -186,7 +186,11 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
       (:func:`dscout.training.memory_estimate.memory_problems`, torch-free);
     * a benchmark / prompt source that a stage of this config reads with neither a mirror file under
       ``data_root`` nor a reachable hub copy (the message says how to fetch one); with ``HF_HUB_OFFLINE`` /
-      ``HF_DATASETS_OFFLINE`` set, the hub copy must be in datasets' cache (where ``load_dataset`` looks offline).
+      ``HF_DATASETS_OFFLINE`` set, the hub copy must be in datasets' cache (where ``load_dataset`` looks offline);
+    * with ``HF_HUB_OFFLINE`` set, a hub model (target, published drafter) missing from the HF cache, naming the
+      jobs that load it (:func:`dscout.data.models.offline_model_problems`);
+    * a job the bill (:func:`dscout.cost.plan_cost_problems`) estimates past its SLURM runtime that cannot resume,
+      or whose disk output exceeds ``cluster.disk_budget_gb``.
 
     Args:
         config: the merged, schema-validated config.
@@ -202,6 +206,8 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
     from .data.paths import ENV_VAR, data_root
     from .kinds import BLOCK_DIFFUSION
     from .data.prompts import prompt_source
+    from .cost import plan_cost_problems
+    from .data.models import offline_model_problems
 
     problems: list[str] = []
     t = config["target"]
@@ -328,6 +334,8 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
                         "Run `dscout fetch-data --out DIR` (or `snakemake --cores 1 fetch_data`) on a machine "
                         "with internet and point data_root / $" + ENV_VAR + " at DIR (layout: docs/data.md).")
     problems += memory_problems(config, project_dir)  # one update per drafter within training.gpu_memory_gb
+    problems += plan_cost_problems(config, project_dir)  # the bill: runtime / disk refusals (dscout.cost)
+    problems += offline_model_problems(config)  # HF_HUB_OFFLINE: hub models must be in the HF cache
     if problems:
         raise ValueError(f"invalid configuration ({source}):\n" + "\n".join(f"  {p}" for p in problems))
 

@@ -129,9 +129,116 @@ def measure(target, drafter, prompts: list[list[int]], block_size: int, max_new_
             "verify_seconds": sum(verify) / n, "throughput": tokens / max(seconds, 1e-9)}
 
 
+def _random_drafter(target, stage: dict, depth: int, layer_ids: list[int]):
+    """An untrained drafter of the search's shape (``depth`` layers over ``layer_ids``): its round latency equals a
+    trained one's, weights do not change the cost."""
+    import torch
+
+    from ..models.drafter import DFlashDrafter, DFlashDrafterConfig
+    from ..models.linear import pack_linears
+
+    torch.manual_seed(0)
+    vocab = (stage.get("options") or {}).get("draft_vocab_size")  # the draft head's width is part of the shape
+    cfg = DFlashDrafterConfig.from_target(target.config, num_hidden_layers=depth, target_layer_ids=layer_ids,
+                                          mask_token_id=stage["mask_token_id"], block_size=stage["block_size"],
+                                          draft_vocab_size=vocab)
+    rnd = DFlashDrafter(cfg).to(target.dtype).attach_target(target).eval()
+    if stage.get("cpu_packed_linear"):
+        pack_linears(rnd)
+    return cfg, rnd
+
+
+def latency_sweeps(target, stage: dict, prompts: list[list[int]], stop_ids: list[int]) -> dict:
+    """The weight-free half of the search: T_d of every candidate and the conditioning-depth sweep.
+
+    Every candidate's round latency is measured with an untrained drafter of its shape on ``prompts[:1]`` and
+    fitted by :func:`fit_latency`; the configured taps are compared with all usable layers at the smallest
+    candidate depth (Figure 3, left). The target is expected packed already when ``stage["cpu_packed_linear"]``.
+
+    Returns:
+        ``{"latency_sweep": {d: {round_seconds, draft_seconds, verify_seconds}}, "latency_fit": {t_fix_s,
+        t_layer_s}, "taps_sweep": {t: {round_seconds, draft_seconds, flops_per_round}}, "taps_sweep_depth": d}``
+        (seconds per round; FLOPs per round).
+    Source: docs/method.md §5 (T_d = T_fix + d · T_layer).
+    """
+    from ..models.target import default_target_layer_ids
+
+    bs = stage["block_size"]
+    sweep = {}
+    for d in sorted(stage["candidates"]):
+        _, rnd = _random_drafter(target, stage, d, stage["layer_ids"])
+        m = measure(target, rnd, prompts[:1], bs, stage["max_new_tokens"], stop_ids)
+        sweep[d] = {"round_seconds": m["round_seconds"], "draft_seconds": m["draft_seconds"],
+                    "verify_seconds": m["verify_seconds"]}
+    t_fix, t_layer = fit_latency(list(sweep), [v["round_seconds"] for v in sweep.values()])
+
+    # conditioning depth t: the configured taps vs all usable layers, same drafter depth (Figure 3, left)
+    d_ref = sorted(stage["candidates"])[0]
+    taps_sweep = {}
+    for t_ids in (stage["layer_ids"], default_target_layer_ids(target.num_layers, target.num_layers - 1)):
+        cfg, rnd = _random_drafter(target, stage, d_ref, t_ids)
+        m = measure(target, rnd, prompts[:1], bs, stage["max_new_tokens"], stop_ids)
+        taps_sweep[len(t_ids)] = {"round_seconds": m["round_seconds"], "draft_seconds": m["draft_seconds"],
+                                  "flops_per_round": round_flops(target, cfg, bs, tau=1.0)}
+    return {"latency_sweep": sweep, "latency_fit": {"t_fix_s": t_fix, "t_layer_s": t_layer},
+            "taps_sweep": taps_sweep, "taps_sweep_depth": d_ref}
+
+
+def candidate_stage(stage: dict, depth: int) -> dict:
+    """The training stage of candidate ``depth`` (:func:`dscout.config.drafter_stage`'s shape, what ``dscout train``
+    and :meth:`TrainConfig.from_stage` read): the search's recipe, taps, options and hyperparameters, ``depth``
+    layers, ``stage["max_steps"]`` steps and one epoch (the steps bound the candidate, not the epochs).
+
+    Raises:
+        ValueError: if ``depth`` is not one of ``stage["candidates"]``.
+    """
+    if depth not in stage["candidates"]:
+        raise ValueError(f"depth {depth} is not a candidate of the depth search {stage['candidates']}")
+    opts = dict(stage.get("options") or {})
+    init = bool(opts.pop("init_from_target", False))
+    training = {**stage["training"], "max_steps": stage["max_steps"], "epochs": 1.0}
+    return {"responses": stage.get("responses"), "recipe": stage["recipe"], "num_layers": depth,
+            "layer_ids": stage["layer_ids"], "mask_token_id": stage["mask_token_id"], "features": stage.get("features"),
+            "training": training, "init_from_target": init, "options": opts}
+
+
+def evaluate_candidate(target, drafter_dir: str | Path, stage: dict, prompts: list[list[int]], stop_ids: list[int],
+                       train_seconds: float = 0.0) -> DepthPoint:
+    """τ_d, T_d and G_d of the trained candidate in ``drafter_dir`` (its ``config.json`` gives d), greedy on
+    ``prompts`` at the search's block size. ``train_seconds``: wall seconds its training took (0 = reused)."""
+    from ..models.export import drafter_for_target
+
+    drafter = drafter_for_target(drafter_dir, target, packed=bool(stage.get("cpu_packed_linear")))
+    m = measure(target, drafter, prompts, stage["block_size"], stage["max_new_tokens"], stop_ids)
+    return DepthPoint(depth=int(drafter.config.num_hidden_layers), train_seconds=train_seconds, **m)
+
+
+def search_result(stage: dict, sweeps: dict, points: list[DepthPoint]) -> dict:
+    """``search.json``'s content from the latency sweeps (:func:`latency_sweeps`) and the trained points, in
+    training order; the peak is :func:`unimodal_peak_search`'s over the points' throughput.
+
+    Raises:
+        ValueError: if ``points`` are not the lazy search's prefix (a point after the first throughput drop, or a
+            gap in the candidates).
+    """
+    by_depth = {p.depth: p for p in points}
+    peak, evaluated = unimodal_peak_search(stage["candidates"],
+                                           lambda d: by_depth[d].throughput if d in by_depth else float("nan"))
+    if list(evaluated) != sorted(by_depth) or any(v != v for v in evaluated.values()):
+        raise ValueError(f"trained depths {sorted(by_depth)} are not the lazy search's order over "
+                         f"{sorted(stage['candidates'])} (evaluated {list(evaluated)})")
+    return {"peak_depth": peak, "trained": len(points), "exhaustive": len(sweeps["latency_sweep"]),
+            "points": [asdict(p) for p in points], "latency_sweep": sweeps["latency_sweep"],
+            "latency_fit": sweeps["latency_fit"], "block_size": stage["block_size"],
+            "taps_sweep": sweeps["taps_sweep"], "taps_sweep_depth": sweeps["taps_sweep_depth"],
+            "recipe": stage["recipe"], "layer_ids": stage["layer_ids"]}
+
+
 def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list[int]], stop_ids: list[int],
                      out_dir: str | Path) -> dict:
-    """The search of :func:`unimodal_peak_search` over ``stage["candidates"]``, training each candidate once.
+    """The search of :func:`unimodal_peak_search` over ``stage["candidates"]``, training each candidate once, in
+    this one process from an offline feature cache (``features.mode: cache``; with ``online`` features each
+    candidate is its own training job, see rules/depth.smk, and :func:`search_result` assembles their points).
 
     Args:
         stage: ``recipe``, ``candidates``, ``layer_ids``, ``mask_token_id``, ``block_size``, ``max_new_tokens``
@@ -142,77 +249,85 @@ def run_depth_search(target, feature_cache: str, stage: dict, prompts: list[list
         The ``search.json`` content: trained points, the latency sweep over all candidates, the fit, the peak,
         and how many drafters the search trained against the exhaustive sweep.
     """
-    import torch
-
-    from ..models.drafter import DFlashDrafter, DFlashDrafterConfig
-    from ..models.export import drafter_for_target
     from ..models.linear import pack_linears
     from ..training.trainer import TrainConfig, train_drafter
 
     out = Path(out_dir)
-    tr = stage["training"]
-    bs = stage["block_size"]
     if stage.get("cpu_packed_linear"):
         pack_linears(target.model, extra_weights=(target.lm_head.weight,))
-
-    # latency of every candidate: random drafters of the same shape (weights do not change the cost)
-    vocab = (stage.get("options") or {}).get("draft_vocab_size")  # the draft head's width is part of the shape
-    sweep = {}
-    for d in sorted(stage["candidates"]):
-        torch.manual_seed(0)
-        cfg = DFlashDrafterConfig.from_target(target.config, num_hidden_layers=d, target_layer_ids=stage["layer_ids"],
-                                              mask_token_id=stage["mask_token_id"], block_size=bs,
-                                              draft_vocab_size=vocab)
-        rnd = DFlashDrafter(cfg).to(target.dtype).attach_target(target).eval()
-        if stage.get("cpu_packed_linear"):
-            pack_linears(rnd)
-        m = measure(target, rnd, prompts[:1], bs, stage["max_new_tokens"], stop_ids)
-        sweep[d] = {"round_seconds": m["round_seconds"], "draft_seconds": m["draft_seconds"],
-                    "verify_seconds": m["verify_seconds"]}
-    t_fix, t_layer = fit_latency(list(sweep), [v["round_seconds"] for v in sweep.values()])
-
-    # conditioning depth t: the configured taps vs all usable layers, same drafter depth (Figure 3, left)
-    from ..models.target import default_target_layer_ids
-
-    d_ref = sorted(stage["candidates"])[0]
-    taps_sweep = {}
-    for t_ids in (stage["layer_ids"], default_target_layer_ids(target.num_layers, target.num_layers - 1)):
-        torch.manual_seed(0)
-        cfg = DFlashDrafterConfig.from_target(target.config, num_hidden_layers=d_ref, target_layer_ids=t_ids,
-                                              mask_token_id=stage["mask_token_id"], block_size=bs,
-                                              draft_vocab_size=vocab)
-        rnd = DFlashDrafter(cfg).to(target.dtype).attach_target(target).eval()
-        if stage.get("cpu_packed_linear"):
-            pack_linears(rnd)
-        m = measure(target, rnd, prompts[:1], bs, stage["max_new_tokens"], stop_ids)
-        taps_sweep[len(t_ids)] = {"round_seconds": m["round_seconds"], "draft_seconds": m["draft_seconds"],
-                                  "flops_per_round": round_flops(target, cfg, bs, tau=1.0)}
-
-    points: dict[int, DepthPoint] = {}
+    sweeps = latency_sweeps(target, stage, prompts, stop_ids)
+    points: list[DepthPoint] = []
 
     def evaluate(d: int) -> float:
         ddir = out / f"d{d}"
         t0 = time.perf_counter()
         if not (ddir / "training_summary.json").exists():
-            opts = dict(stage.get("options") or {})
-            init = bool(opts.pop("init_from_target", False))
-            cfg = TrainConfig.from_stage({"recipe": stage["recipe"], "num_layers": d, "layer_ids": stage["layer_ids"],
-                                          "mask_token_id": stage["mask_token_id"], "training": tr,
-                                          "init_from_target": init, "options": opts},
-                                         target.dtype, max_steps=stage["max_steps"], epochs=1.0)
+            cfg = TrainConfig.from_stage(candidate_stage(stage, d), target.dtype)
             train_drafter(target, cfg, ddir, out / "work" / f"d{d}", feature_cache=feature_cache)
-        train_s = time.perf_counter() - t0
-        drafter = drafter_for_target(ddir, target, packed=bool(stage.get("cpu_packed_linear")))
-        m = measure(target, drafter, prompts, bs, stage["max_new_tokens"], stop_ids)
-        points[d] = DepthPoint(depth=d, train_seconds=train_s, **m)
-        return m["throughput"]
+        points.append(evaluate_candidate(target, ddir, stage, prompts, stop_ids, time.perf_counter() - t0))
+        return points[-1].throughput
 
-    peak, _ = unimodal_peak_search(stage["candidates"], evaluate)
-    result = {"peak_depth": peak, "trained": len(points), "exhaustive": len(sweep),
-              "points": [asdict(p) for p in points.values()], "latency_sweep": sweep,
-              "latency_fit": {"t_fix_s": t_fix, "t_layer_s": t_layer}, "block_size": bs,
-              "taps_sweep": taps_sweep, "taps_sweep_depth": d_ref,
-              "recipe": stage["recipe"], "layer_ids": stage["layer_ids"]}
+    unimodal_peak_search(stage["candidates"], evaluate)
+    result = search_result(stage, sweeps, points)
     out.mkdir(parents=True, exist_ok=True)
     (out / "search.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _packed_target(target, stage: dict) -> None:
+    if stage.get("cpu_packed_linear"):
+        from ..models.linear import pack_linears
+
+        pack_linears(target.model, extra_weights=(target.lm_head.weight,))
+
+
+def write_depth_point(target, drafter_dir: str | Path, stage: dict, prompts: list[list[int]], stop_ids: list[int],
+                      out: str | Path) -> DepthPoint:
+    """Measure one trained candidate (online features: its own job, after ``dscout train``) and write
+    ``point.json`` (a :class:`DepthPoint`; ``train_seconds`` from the training's ``config.resolved.json``).
+
+    Raises:
+        FileNotFoundError: if ``drafter_dir`` holds no ``training_summary.json`` (the training did not finish).
+    """
+    ddir = Path(drafter_dir)
+    if not (ddir / "training_summary.json").exists():
+        raise FileNotFoundError(f"{ddir}/training_summary.json: the candidate's training did not finish")
+    resolved = ddir / "config.resolved.json"
+    train_s = (json.loads(resolved.read_text())["stage_config"].get("wall_seconds", 0.0)
+               if resolved.exists() else 0.0)
+    _packed_target(target, stage)
+    point = evaluate_candidate(target, ddir, stage, prompts, stop_ids, float(train_s))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(asdict(point), indent=1))
+    return point
+
+
+def read_point(path: str | Path) -> DepthPoint:
+    """A candidate's ``point.json`` (:func:`write_depth_point`).
+
+    Raises:
+        ValueError: naming the file and the field when a field is missing or not a number.
+    """
+    raw = json.loads(Path(path).read_text())
+    fields = {}
+    for name in DepthPoint.__dataclass_fields__:
+        if name not in raw or not isinstance(raw[name], (int, float)):
+            raise ValueError(f"{path}: field '{name}' is missing or not a number (a depth-search point.json)")
+        fields[name] = raw[name]
+    fields["depth"] = int(fields["depth"])
+    return DepthPoint(**fields)
+
+
+def assemble_depth_search(target, stage: dict, prompts: list[list[int]], stop_ids: list[int],
+                          point_files: list[str | Path], out: str | Path) -> dict:
+    """``search.json`` from the candidate jobs' points (online features) and this job's latency sweeps.
+
+    The points are those the lazy search trained (rules/depth.smk asks for candidate d + 1 only while G rose at
+    d); :func:`search_result` checks that they are that prefix. Returns what it writes to ``out``.
+    """
+    points = sorted((read_point(p) for p in point_files), key=lambda p: p.depth)
+    _packed_target(target, stage)
+    result = search_result(stage, latency_sweeps(target, stage, prompts, stop_ids), points)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1))
     return result

@@ -24,6 +24,30 @@ def _local(source: str) -> str:
     return snapshot_download(source)
 
 
+def target_skeleton(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
+    """The target's shape without its weights: a :class:`~dscout.models.target.TargetModel` built from
+    ``config.json`` alone on PyTorch's ``meta`` device (no weight read, no memory, no GPU).
+
+    An import (:func:`import_pretrained_drafter`) only checks a checkpoint against the target's vocabulary, hidden
+    size and layer count and converts it in the target's dtype, so its job needs no target load (rules: an import
+    asks for no GPU and little memory, src/dscout/resources.py).
+
+    Raises:
+        OSError: naming ``path`` when it holds no readable ``config.json`` (a hub id: not in the HF cache offline).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .target import TargetModel
+
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except OSError as err:
+        raise OSError(f"cannot read the target's config.json from '{path}': {err}") from err
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return TargetModel(model)
+
+
 def import_pretrained_drafter(kind: str, source: str, target, out_dir: str | os.PathLike) -> dict:
     """Convert a published checkpoint of ``kind`` into ``out_dir`` and return its summary.
 

@@ -40,6 +40,7 @@ import shutil
 import signal
 import socket
 import threading
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -436,6 +437,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     bar = tqdm(range(start, total), initial=start, total=total, desc=f"train {cfg.kind if cfg.kind != 'dflash' else cfg.recipe}",
                disable=rank != 0, unit="step", mininterval=2.0)
     model.train()
+    save_seconds: list[float] = []
     with flush_denormals(), StopSignals() as stop, open(log_path, "a") as log:
         for step in bar:
             t0 = time.perf_counter()
@@ -474,11 +476,14 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec.get('accuracy') or 0:.3f}")
             done = step + 1
             if signum is not None and done < total:  # stopped (SLURM preemption / time limit): keep this step
-                _save_checkpoint(engine, ckpt_dir, done)
+                secs = _save_checkpoint(engine, ckpt_dir, done)
+                if rank == 0:  # the grace before the kill must cover this (the profile's --signal=TERM@600)
+                    print(f"checkpoint at step {done} saved in {secs:.1f} s after signal {signum}", file=sys.stderr,
+                          flush=True)
                 bar.close()
                 raise TrainingInterrupted(done, signum)
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
-                _save_checkpoint(engine, ckpt_dir, done)
+                save_seconds.append(_save_checkpoint(engine, ckpt_dir, done))
             if _crash_after_step is not None and step >= _crash_after_step:
                 raise RuntimeError(f"simulated crash after step {step}")
     bar.close()
@@ -491,6 +496,8 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
         summary = {**method.save(model, out), "kind": cfg.kind,
                    "train_config": asdict(cfg), "steps": total, "resumed_from_step": start,
                    "train_seconds_this_run": seconds,
+                   # wall seconds of each checkpoint save of this run: the stop signal's grace must exceed them
+                   "checkpoint_save_seconds": save_seconds,
                    "train_seconds": sum(json.loads(l)["seconds"] for l in log_path.read_text().splitlines()
                                         if l.strip()),
                    "drafter_parameters": sum(p.numel() for p in model.parameters()),
@@ -534,9 +541,14 @@ def _gather(obj, world: int) -> list:
     return out
 
 
-def _save_checkpoint(engine, ckpt_dir: Path, step: int) -> None:
+def _save_checkpoint(engine, ckpt_dir: Path, step: int) -> float:
+    """Save the DeepSpeed checkpoint of ``step`` (all ranks), keep only the newest; returns the save's wall
+    seconds (what the stop signal's grace period must cover)."""
+    t0 = time.perf_counter()
     engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
+    seconds = time.perf_counter() - t0
     if torch.distributed.get_rank() == 0:  # keep only the newest checkpoint
         for d in ckpt_dir.glob("step*"):
             if d.is_dir() and d.name != f"step{step}":
                 shutil.rmtree(d, ignore_errors=True)
+    return seconds
