@@ -535,9 +535,34 @@ def bench_stage(cfg: dict, num_target_layers: int) -> dict:
             "methods": method_specs(cfg, num_target_layers), "near_tie_epsilon": cfg["near_tie_epsilon"]}
 
 
+PER_BENCHMARK_DEFAULTS = {"num_prompts": 2, "max_new_tokens": 64}
+"""The ``benchmarks`` keys that may be set per benchmark, with the value of a benchmark a mapping leaves out."""
+
+
+def benchmark_slice(stage: dict, benchmark: str) -> dict:
+    """A bench stage (:func:`bench_stage`, :func:`sampled_bench_stage`, :func:`study_stage`) cut to one benchmark:
+    ``num_prompts`` and ``max_new_tokens`` become that benchmark's integers.
+
+    It is what one benchmark job receives (its rule parameter): changing another benchmark's prompt count or token
+    budget leaves this slice, hence this benchmark's records, as they are (issue 47, "exact slices").
+
+    Raises:
+        KeyError: if ``stage`` has no ``benchmarks`` section.
+    """
+    b = dict(stage["benchmarks"])
+    for key, default in PER_BENCHMARK_DEFAULTS.items():
+        if key in b and not isinstance(b[key], int):
+            b[key] = b[key].get(benchmark, default)
+    return {**stage, "benchmarks": b}
+
+
 def bench_id(cfg: dict, num_target_layers: int) -> str:
-    """The id of Table 3's records folder (``results/bench/<id>/``)."""
-    return f"{cfg['target']['name']}-{short_hash(bench_stage(cfg, num_target_layers))}"
+    """The id of Table 3's records folder (``results/bench/<id>/``): a hash of the bench stage without the
+    per-benchmark prompt counts and token budgets (those reach each benchmark's jobs through
+    :func:`benchmark_slice`, so a change there reruns that benchmark's jobs only)."""
+    stage = bench_stage(cfg, num_target_layers)
+    shared = {k: v for k, v in stage["benchmarks"].items() if k not in PER_BENCHMARK_DEFAULTS}
+    return f"{cfg['target']['name']}-{short_hash({**stage, 'benchmarks': shared})}"
 
 
 def accuracy_stage(cfg: dict) -> dict:
