@@ -64,7 +64,7 @@ def test_stage_ids_depend_on_exactly_their_slice():
     L = base["target"]["num_layers"]
     ids = lambda c: (dcfg.responses_id(c), dcfg.drafter_id(c, "dscout", L), dcfg.bench_id(c, L))
     r0, d0, b0 = ids(base)
-    bench_change = dcfg.deep_merge(base, {"benchmarks": {"max_new_tokens": 99}})
+    bench_change = dcfg.deep_merge(base, {"benchmarks": {"seed": 99}})
     assert ids(bench_change)[:2] == (r0, d0) and ids(bench_change)[2] != b0  # no retraining
     recipe_change = dcfg.deep_merge(base, {"drafters": {"dscout": {"recipe": "dflash"}}})
     r1, d1, _ = ids(recipe_change)
@@ -85,6 +85,26 @@ def test_sampled_token_budget_changes_only_the_sampled_runs():
     assert dcfg.sampled_bench_stage(unset, L)["benchmarks"]["max_new_tokens"] == base["benchmarks"]["max_new_tokens"]
 
 
+def test_one_benchmarks_prompt_count_or_budget_changes_that_benchmarks_slice_only():
+    """Exact slices (issue 47): the folder id leaves the per-benchmark counts out, each job gets its own."""
+    base = load()
+    L = base["target"]["num_layers"]
+    more = dcfg.deep_merge(base, {"benchmarks": {"num_prompts": {"gsm8k": 2}, "max_new_tokens": {"gsm8k": 7}}})
+    assert dcfg.bench_id(more, L) == dcfg.bench_id(base, L)
+    for stage_of in (dcfg.bench_stage, dcfg.sampled_bench_stage):
+        old, new = stage_of(base, L), stage_of(more, L)
+        assert dcfg.benchmark_slice(new, "gsm8k") != dcfg.benchmark_slice(old, "gsm8k")
+        for name in base["benchmarks"]["names"]:
+            if name != "gsm8k":
+                assert dcfg.benchmark_slice(new, name) == dcfg.benchmark_slice(old, name), name
+    cut = dcfg.benchmark_slice(dcfg.bench_stage(more, L), "gsm8k")["benchmarks"]
+    assert cut["num_prompts"] == 2 and cut["max_new_tokens"] == 7
+    # a benchmark the mappings leave out gets the schema's defaults, as the prompts loader does
+    partial = dcfg.deep_merge(base, {"benchmarks": {"num_prompts": {"gsm8k": 3}}})
+    partial["benchmarks"]["num_prompts"] = {"gsm8k": 3}
+    assert dcfg.benchmark_slice(dcfg.bench_stage(partial, L), "mbpp")["benchmarks"]["num_prompts"] == 2
+
+
 def test_code_digest_tracks_stage_sources():
     assert dcfg.code_digest("train") != dcfg.code_digest("bench")
     assert len(dcfg.code_digest("analysis")) == 12
@@ -101,8 +121,8 @@ def test_paper_preset_dry_runs():
     jobs = _jobs(r.stdout)
     # DFlash + DScout trained, EAGLE-3 and PARD-2 imported from their public checkpoints by the same rule,
     # plus one drafter per recipe of the study (Tables 1, 2; Figures 4, 7)
-    assert jobs["train_drafter"] == 4 + 8  # six benchmarks x T in {0, 1}:
-    assert jobs["benchmark"] == 6 and jobs["benchmark_sampled"] == 6
+    assert jobs["train_drafter"] == 4 + 8  # six benchmarks x T in {0, 1} x 5 repeats (one job per repeat):
+    assert jobs["benchmark"] == 6 * 5 and jobs["benchmark_sampled"] == 6 * 5
     assert jobs["generate_responses"] == 1 and jobs["table3"] == 1
     for table_or_figure in ("fig2", "fig_online", "fig3", "fig5", "table4", "study_table1", "study_table2", "study_fig4",
                             "study_fig7"):  # every table and figure of the paper
@@ -115,7 +135,7 @@ def test_paper_preset_dry_runs_with_slurm_profile():
     r = snakemake("-n", "--configfile", "presets/paper.yaml", "--profile", "profiles/slurm", "--sdm", "env-modules",
                   env=PAPER_DATA_ENV)
     jobs = _jobs(r.stdout)
-    assert jobs["train_drafter"] == 12 and jobs["benchmark"] + jobs["benchmark_sampled"] == 12
+    assert jobs["train_drafter"] == 12 and jobs["benchmark"] + jobs["benchmark_sampled"] == 12 * 5
     assert jobs["table4"] == 1 and jobs["all"] == 1
 
 
@@ -147,7 +167,7 @@ def test_smoke_artifacts_reuse_the_smoke_run(smoke_artifacts_run):
     # nothing of the main DAG reruns: only the study and findings drafters, their jobs, the temperature-1
     # benchmarks (AR + the sampled methods) and the artifacts that read them
     assert not {"generate_responses", "target_features", "benchmark"} & set(jobs)
-    assert jobs.get("train_drafter") == 8 + 9 and jobs.get("benchmark_sampled") == 6 and jobs.get("table3") == 1
+    assert jobs.get("train_drafter") == 8 + 9 and jobs.get("benchmark_sampled") == 6 * 2 and jobs.get("table3") == 1
 
 
 @pytest.mark.slow
@@ -277,10 +297,11 @@ def test_smoke_dag_runs_the_online_block_size_controller(smoke_run):
         assert len(r["round_block_sizes"]) == len(r["accept_lengths"]) == len(r["round_seconds"])
         assert all(1 <= n <= b <= r["max_block_size"] for n, b in zip(r["accept_lengths"], r["round_block_sizes"]))
     # two online rows (the second with its own controller settings, {explore: 0}): one latency model each per job
-    latency = list((work / "results/bench").rglob("t0/latency-dscout-online-*.json"))
-    assert len(latency) == 12 and {s["part"] for s in json.loads(latency[0].read_text())["samples"]} == {
+    # (6 benchmarks x 2 repeats)
+    latency = list((work / "results/bench").rglob("t0/r*/latency-dscout-online-*.json"))
+    assert len(latency) == 24 and {s["part"] for s in json.loads(latency[0].read_text())["samples"]} == {
         "draft", "verify"}  # the catch-up (deferred commits) is timed inside draft forwards
-    assert sum("-explore0-" in p.name for p in latency) == 6
+    assert sum("-explore0-" in p.name for p in latency) == 12
     assert {r["method_name"] for r in online} == {"DScout(online)", "DScout(online, explore 0)"}
     table = (work / "results/tables/table3.md").read_text()
     assert "DScout(online) against the fixed block sizes" in table and "Within 3% of the oracle" in table
