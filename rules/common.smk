@@ -185,7 +185,8 @@ def bench_records():
 def serving_records_input(wildcards):
     if not SERVING:
         raise ValueError("Table 4 comes from the serving benchmark: set `serving: {enabled: true}`")
-    return expand("results/serving/{sid}/c{c}.jsonl", sid=SERVING_ID, c=config["concurrency"])
+    return expand("results/serving/{sid}/c{c}/r{repeat}.jsonl", sid=SERVING_ID, c=config["concurrency"],
+                  repeat=REPEATS)
 
 
 def serving_drafter_inputs(wildcards):

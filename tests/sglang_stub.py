@@ -11,7 +11,8 @@ shape: the ``ServerArgs`` fields as a flat dict — ``model_path``, ``served_mod
 * ``STUB_LIE``: JSON merged over the described identity (a server that is not the method's);
 * ``STUB_DIE_AFTER``: exit with code 3 when this many ``/generate`` requests have been answered (a server that
   dies during the warm-up);
-* ``STUB_LOG``: a file each ``/generate`` request's first input id is appended to (which prompts were sent).
+* ``STUB_LOG``: a file each ``/generate`` request's input ids are appended to, one JSON list a line (which prompts
+  were sent, in order).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def main(argv=None):
                 served["n"] += 1
                 if log:
                     with open(log, "a") as f:
-                        f.write(f"{payload['input_ids'][0]}\n")
+                        f.write(json.dumps(payload["input_ids"]) + "\n")
             n = int(payload["sampling_params"]["max_new_tokens"])
             verify = -(-n // bs)
             self._json({"text": "x" * n, "output_ids": list(range(n)),

@@ -127,7 +127,7 @@ def test_paper_preset_dry_runs():
     for table_or_figure in ("fig2", "fig_online", "fig3", "fig5", "table4", "study_table1", "study_table2", "study_fig4",
                             "study_fig7"):  # every table and figure of the paper
         assert jobs[table_or_figure] == 1, table_or_figure
-    assert jobs["serving_benchmark"] == 4 and jobs["study_benchmark"] == 6 and jobs["depth_search"] == 1
+    assert jobs["serving_benchmark"] == 4 * 5 and jobs["study_benchmark"] == 6 and jobs["depth_search"] == 1
 
 
 def test_paper_preset_dry_runs_with_slurm_profile():
@@ -324,7 +324,9 @@ def test_smoke_dag_renders_table4_from_batched_serving(smoke_artifacts_run):
     assert "DScout(online)" in (work / "results/tables/table4.md").read_text()
     assert "DScout(online, explore0)" in (work / "results/tables/table4.md").read_text()
     assert "online_vs_best" in rows[0] and "online_explore0_vs_best" in rows[0]
-    assert len(list((work / "results/serving").rglob("*.latency-dscout-online-explore0.json"))) == 2
+    # one job per (concurrency, repeat): c in {1, 2} x 2 repeats, each calibrating its own controllers
+    assert len(list((work / "results/serving").rglob("c*/r*.latency-dscout-online-explore0.json"))) == 4
+    assert {(r["concurrency"], r["repeat"]) for r in records} == {(1, 0), (1, 1), (2, 0), (2, 1)}
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ def test_a_free_port_per_server_the_identity_checked_and_warm_up_prompts_not_mea
     assert summary["port"] != 30000 and len(recs) == 6
     assert {r["prompt_id"] for r in recs} == {f"p{i}" for i in range(6)}  # the warm-up's prompts are not records
     assert all(r["repeat"] == 3 and r["concurrency"] == 2 and r["block_size"] == 16 for r in recs)
-    firsts = [int(x) for x in sent.read_text().split()]
+    firsts = [json.loads(line)[0] for line in sent.read_text().splitlines()]
     assert sorted(firsts[:2]) == [100, 101] and sorted(firsts[2:]) == list(range(6))  # warm-up first, apart
     # no fixed port: the next server gets a free one too
     _, again = serve_benchmark("/models/qwen3-8b", {"kind": "ar", "key": "ar"}, measured[:2], concurrency=1,
@@ -113,3 +113,50 @@ def test_the_expected_identity_is_the_launched_command_lines():
     with pytest.raises(ServerError, match="port: server says 2, expected 1"):
         check_server_identity({"model_path": "/m", "port": 2, "speculative_algorithm": None},
                               {"model_path": "/m", "port": 1, "speculative_algorithm": None}, port=1, job="j")
+
+
+def test_a_serving_job_on_the_sglang_backend_end_to_end_against_the_stub(tmp_path, monkeypatch):
+    """`dscout serve-cpu` as the paper preset's serving_benchmark job runs it, with the stub in SGLang's place:
+    a pool of pool_factor x max(concurrency) measured prompts, c warm-up prompts from beyond it, every server on
+    its own checked port, the repeat's index in every record."""
+    import functools
+
+    from dscout import cli
+    from dscout import config as dcfg
+    from dscout.backends import sglang
+    from tests.workflow import DATA, ROOT
+
+    cfg = dcfg.load_config(ROOT / "config.yaml", ROOT / "presets" / "paper.yaml")
+    cfg["serving"]["max_new_tokens"] = 4
+    L = cfg["target"]["num_layers"]
+    ids = {n: dcfg.drafter_id(cfg, n, L) for n in cfg["drafters"]}
+    stage = dcfg.serving_stage(cfg, ids)
+    assert stage["pool_size"] == 4 * 32 == dcfg.serving_pool_size(cfg) and "repeats" not in stage
+    stage["pool_size"] = 6  # a small pool: the job's logic, not the paper's size
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "target.json").write_text(json.dumps({"load_from": str(DATA / "tokenizers" / "qwen3")}))
+    sent = tmp_path / "sent.txt"
+    monkeypatch.setenv("STUB_LOG", str(sent))
+    monkeypatch.setattr(sglang, "serve_benchmark", functools.partial(sglang.serve_benchmark, launch=_stub_launch(),
+                                                                     health_timeout=30))
+    out = tmp_path / "c2" / "r1.jsonl"
+    out.parent.mkdir()
+    cli.main(["serve-cpu", "--stage", json.dumps(stage), "--target", str(target), "--drafter", "dflash=/d/dflash",
+              "--drafter", "dscout=/d/dscout", "--concurrency", "2", "--repeat", "1", "--out", str(out),
+              "--data-root", str(DATA)])
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    keys = [k for k, *_ in cli.sglang_serving_methods(stage, {"dflash": "/d/dflash", "dscout": "/d/dscout"})]
+    assert sorted({r["method_key"] for r in recs}) == sorted(keys) and len(recs) == 6 * len(keys)
+    assert {r["repeat"] for r in recs} == {1} and {r["concurrency"] for r in recs} == {2}
+    measured = {r["prompt_id"] for r in recs}
+    assert len(measured) == 6
+    # per server: 2 warm-up requests, prompts outside the measured pool, then the 6 measured ones (the same for all)
+    lines = sent.read_text().splitlines()
+    assert len(lines) == len(keys) * (2 + 6)
+    servers = [lines[i:i + 8] for i in range(0, len(lines), 8)]
+    pool = set(servers[0][2:])
+    assert len(pool) == 6 and all(set(s[2:]) == pool and len(set(s[:2])) == 2 and not set(s[:2]) & pool
+                                  for s in servers)
+    assert [json.loads(line)["method_key"] for line in out.read_text().splitlines()][0] == keys[1]  # rotated by 1
+    assert all(r["server_port"] > 0 for r in recs)

@@ -367,6 +367,7 @@ def sglang_serving_methods(stage: dict, drafters: dict[str, str]) -> list[tuple[
 
 
 def cmd_serve_cpu(a):
+    from dscout.evaluation.prefill_store import PrefillStore
     from dscout.evaluation.serving import serving_records, write_records
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
@@ -387,27 +388,41 @@ def cmd_serve_cpu(a):
     else:
         target = load_target(a.target)
     chat = st["chat"]
-    lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"], seed=st["seed"]) for n in st["benchmarks"]]
-    pool = [item for group in zip(*lists) for item in group][: st["pool_size"]]  # round robin over benchmarks
+    sglang = st.get("backend") == "sglang"
+    # SGLang: c warm-up requests per server from beyond the measured pool (never measured); batched: none here
+    warm_n = a.concurrency if sglang else 0
+    lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"] + warm_n, seed=st["seed"])
+             for n in st["benchmarks"]]
+    items = [item for group in zip(*lists) for item in group]  # round robin over benchmarks
+    pool, spare = items[: st["pool_size"]], items[st["pool_size"]: st["pool_size"] + warm_n]
+    if sglang and len(spare) < warm_n:
+        raise SystemExit(f"dscout serve (c={a.concurrency}, repeat {a.repeat}): the benchmarks {st['benchmarks']} "
+                         f"hold {len(items)} prompts, {st['pool_size']} measured + {warm_n} warm-up needed "
+                         "(lower serving.pool_factor or add benchmarks)")
     prompts = _first_turn_ids(target.tokenizer, pool, chat)
     ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
     drafters = dict(kv.split("=", 1) for kv in a.drafter)
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])
-    if st.get("backend") == "sglang":  # one server per method, closed loop at concurrency c (GPU cluster)
+    if sglang:  # one server per method, closed loop at concurrency c (GPU cluster)
         from dscout.backends.sglang import serve_benchmark
 
         reqs = [{"benchmark": it.benchmark, "prompt_id": pid, "turn": 0, "input_ids": p}
                 for it, pid, p in zip(pool, ids, prompts)]
+        warm = [{"benchmark": it.benchmark, "prompt_id": f"{it.benchmark}/{it.prompt_id}", "turn": 0,
+                 "input_ids": p} for it, p in zip(spare, _first_turn_ids(target.tokenizer, spare, chat))]
         methods = sglang_serving_methods(st, drafters)
+        shift = a.repeat % len(methods)  # the servers' order rotates from repeat to repeat (AR included)
         records = []
-        for key, method, ddir in methods:
+        for key, method, ddir in methods[shift:] + methods[:shift]:
             recs, summary = serve_benchmark(model_path, {**method, "key": key}, reqs,
                                             concurrency=a.concurrency, temperature=0.0,
-                                            max_new_tokens=st["max_new_tokens"], repeat=0, drafter_dir=ddir,
+                                            max_new_tokens=st["max_new_tokens"], repeat=a.repeat, drafter_dir=ddir,
+                                            warmup_requests=warm, job=f"serving_benchmark c={a.concurrency} "
+                                            f"repeat {a.repeat} ({key}, output {a.out})",
                                             log_path=Path(a.out).with_suffix(f".{key}.server.log"))
             for r in recs:  # Table 4 reads throughput = tokens / wall of the whole closed loop
                 r.update(method_key=key, method_name=key, batch_decode_seconds=summary["wall_seconds"],
-                         drafter=method.get("drafter_id"))
+                         drafter=method.get("drafter_id"), server_port=summary["port"])
             records += recs
         write_records(records, a.out)
         write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
@@ -437,8 +452,9 @@ def cmd_serve_cpu(a):
         sizes[key] = probe.max_block_size
         controllers[key] = ctl
     records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops,
-                              controllers=controllers, repeats=st.get("repeats", 1),
-                              interleave=st.get("interleave", "batch"))
+                              controllers=controllers, repeat=a.repeat, repeats=1,
+                              interleave=st.get("interleave", "batch"),
+                              prefill_store=PrefillStore(int(a.prefill_store_gb * 2**30)))
     write_records(records, a.out)
     write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
 
@@ -667,10 +683,13 @@ def main(argv=None):
     p.add_argument("--search", required=True)
     p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--out-prefix", required=True)
-    p = add("serve-cpu", cmd_serve_cpu, "Table 4 records at one concurrency level (batched engine)")
+    p = add("serve-cpu", cmd_serve_cpu, "Table 4 records at one (concurrency level, repeat): batched engine or SGLang servers")
     p.add_argument("--target", required=True)
     p.add_argument("--drafter", action="append", required=True, help="dflash=DIR and dscout=DIR")
     p.add_argument("--concurrency", type=int, required=True)
+    p.add_argument("--repeat", type=int, default=0, help="the repeat this job runs (one job per repeat)")
+    p.add_argument("--prefill-store-gb", type=float, default=2.0,
+                   help="host-memory cap of the batched backend's shared batch prefills")
     p.add_argument("--out", required=True)
     p.add_argument("--data-root", default=None)
     p = add("table4", cmd_table4, "Table 4 from the serving records")

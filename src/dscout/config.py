@@ -34,8 +34,8 @@ STAGE_CODE = {
     "findings": ["models", "decoding", "experiments/findings.py", "analysis/findings.py", "training/blocks.py", "training/holdout.py",
                  "training/features.py", "data", "jsonl.py"],
     "findings_analysis": ["analysis"],
-    "serving": ["models", "decoding", "evaluation/serving.py", "evaluation/methods.py", "backends", "records.py",
-                "jsonl.py", "data"],
+    "serving": ["models", "decoding", "evaluation/serving.py", "evaluation/methods.py", "evaluation/prefill_store.py",
+                "backends", "records.py", "jsonl.py", "data"],
 }
 """Source files (relative to ``src/dscout``) each stage runs; their digest is a rerun trigger."""
 
@@ -782,8 +782,18 @@ def depth_search_stage(cfg: dict, num_target_layers: int) -> dict:
             **({"options": dict(s["options"])} if s.get("options") else {})}
 
 
+def serving_pool_size(cfg: dict) -> int:
+    """Table 4's measured prompt pool: ``serving.pool_factor x max(concurrency)`` on the SGLang backend (each level's
+    closed loop sends the whole pool, so c = 32 keeps 32 requests in flight for more than one wave), the batched
+    backend's ``max(concurrency)`` (its batch at c is the pool's first c prompts)."""
+    s = cfg["serving"]
+    top = max(cfg["concurrency"])
+    return s.get("pool_factor", 4) * top if s["backend"] == "sglang" else top
+
+
 def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
-    """What Table 4's records depend on: target, drafters, prompt pool, candidates and concurrency levels."""
+    """What Table 4's records depend on: target, drafters, prompt pool, candidates and concurrency levels (not the
+    repeat count: one job per (concurrency, repeat), so more repeats add jobs and keep the finished ones)."""
     s, b, t = cfg["serving"], cfg["benchmarks"], cfg["target"]
     extra = {}
     if s.get("online"):  # only when set, so that configs without it keep their ids
@@ -802,8 +812,7 @@ def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     return {**extra, "target": target_id(cfg), "target_source": t["source"], "backend": s["backend"],
             "dflash": drafter_ids[s["dflash_drafter"]],
             "dscout": drafter_ids[s["dscout_drafter"]], "block_sizes": sorted(s["block_sizes"]),
-            "benchmarks": s["benchmarks"], "pool_size": max(cfg["concurrency"]), "max_new_tokens": s["max_new_tokens"],
-            "repeats": cfg["repeats"] if s["backend"] == "batched" else 1,
+            "benchmarks": s["benchmarks"], "pool_size": serving_pool_size(cfg), "max_new_tokens": s["max_new_tokens"],
             "seed": b["seed"], "cpu_packed_linear": b["cpu_packed_linear"],
             "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
                      "stop_tokens": t.get("stop_tokens")}}

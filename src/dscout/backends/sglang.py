@@ -200,7 +200,7 @@ def wait_for_server(base_url: str, proc: subprocess.Popen, timeout: float = 1800
                 return
         except requests.RequestException:
             pass
-        time.sleep(min(5.0, max(0.05, timeout / 20)))
+        time.sleep(min(5.0, max(0.05, timeout / 300)))
     raise ServerError(f"{job}: the sglang server at {base_url} is not healthy after {timeout:.0f} s{where}")
 
 
