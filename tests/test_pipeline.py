@@ -350,6 +350,79 @@ def test_second_run_schedules_nothing_and_changes_rerun_only_their_stage(smoke_r
     assert jobs.get("train_drafter") == 1 and jobs.get("target_features") == 1 and "generate_responses" not in jobs
 
 
+def _benchmarks_scheduled(dry_run_stdout: str) -> list[tuple[str, str, str]]:
+    """``(benchmark, temperature, repeat)`` of every benchmark job a (dry) run lists (the rule's message)."""
+    import re
+
+    return sorted(re.findall(r"Benchmark (\w+), T=([0-9.]+), repeat (\d+) of \d+", dry_run_stdout))
+
+
+@pytest.mark.slow
+def test_changing_one_benchmarks_prompts_or_budget_schedules_that_benchmarks_jobs_only(smoke_run):
+    """Exact slices (issue 47), tried as a new user would on a finished run: GSM8K's num_prompts from 1 to 2
+    schedules GSM8K's benchmark jobs (one per repeat) and what reads them, no other benchmark's."""
+    work, _ = smoke_run
+    names = ["gsm8k", "math500", "humaneval", "mbpp", "livecodebench", "mt_bench"]
+    more = work / "gsm8k_two_prompts.yaml"
+    more.write_text(yaml.safe_dump({"benchmarks": {"num_prompts": {n: 2 if n == "gsm8k" else 1 for n in names}}}))
+    r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(more), cwd=work)
+    jobs = _jobs(r.stdout)
+    assert _benchmarks_scheduled(r.stdout) == [("gsm8k", "0", "0"), ("gsm8k", "0", "1")], r.stdout[-3000:]
+    assert jobs["benchmark"] == 2 and set(jobs) <= {"benchmark", "table3", "fig2", "fig_online", "all"}, jobs
+    budget = work / "mt_bench_budget.yaml"  # a token budget: the same for max_new_tokens
+    budget.write_text(yaml.safe_dump({"benchmarks": {"max_new_tokens": {n: 9 if n == "mt_bench" else 12
+                                                                        for n in names}}}))
+    r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(budget), cwd=work)
+    assert _benchmarks_scheduled(r.stdout) == [("mt_bench", "0", "0"), ("mt_bench", "0", "1")], r.stdout[-3000:]
+    same = work / "same_as_preset.yaml"  # the preset's own values written per benchmark: nothing to do
+    same.write_text(yaml.safe_dump({"benchmarks": {"num_prompts": {n: 1 for n in names},
+                                                   "max_new_tokens": {n: 12 for n in names}}}))
+    r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(same), cwd=work)
+    assert "Nothing to be done" in r.stdout + r.stderr, r.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_benchmark_job_killed_mid_repeat_loses_that_repeat_only(smoke_run, tmp_path):
+    """Resumable benchmarks (issue 47): the job of GSM8K's repeat 1 is killed while it decodes; the rerun runs that
+    job alone, and repeat 0's records (every benchmark's) stay byte-identical and untouched (same mtime)."""
+    import shutil
+    import signal
+    import time
+
+    from tests.workflow import snakemake_env
+
+    work = tmp_path / "work"
+    shutil.copytree(smoke_run[0], work, symlinks=True)  # copy2 keeps mtimes: the copy is as up to date as the run
+    bench = next((work / "results/bench").glob("*/gsm8k/t0")).parent.parent
+    r0 = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in bench.glob("*/t0/r0/*")}
+    assert len(r0) > 6 * 5
+    killed = bench / "gsm8k/t0/r1/ar.jsonl"
+    log = work / f"results/logs/benchmark/{bench.name}-gsm8k-t0-r1.log"
+    args = [sys.executable, "-m", "snakemake", "--cores", "1", "--configfile", "presets/smoke.yaml", "--force",
+            str(killed.relative_to(work))]
+    t0 = time.time()
+    proc = subprocess.Popen(args, cwd=work, env=snakemake_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:  # kill it once the job is decoding: its log names the repeat (tqdm's bar) or the job has run 20 s
+        while time.time() - t0 < 300 and proc.poll() is None:
+            text = log.read_text() if log.exists() and log.stat().st_mtime > t0 else ""
+            if "gsm8k r1" in text or (text and time.time() - t0 > 20):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the forced job finished before it could be killed"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and not killed.exists(), out[-3000:]  # the killed repeat's records are gone ...
+    rerun = snakemake("--cores", "1", "--configfile", "presets/smoke.yaml", "--rerun-incomplete", cwd=work)
+    assert _benchmarks_scheduled(rerun.stdout + rerun.stderr) == [("gsm8k", "0", "1")], rerun.stdout[-3000:]
+    assert killed.exists() and json.loads(killed.read_text().splitlines()[0])["repeat"] == 1  # ... and redone
+    for p, (data, mtime) in r0.items():  # ... while repeat 0 was never touched
+        assert p.read_bytes() == data and p.stat().st_mtime_ns == mtime, p
+
+
 @pytest.mark.slow
 def test_one_run_brings_everything_up_to_date_when_a_drafter_taps_new_layers(smoke_run, tmp_path):
     """A change of a drafter's taps reruns, in one invocation, its feature cache, the drafter, and what reads it.

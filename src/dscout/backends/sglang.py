@@ -5,17 +5,20 @@ Written against SGLang 0.5.23 (``envs/serve.yaml``; DFLASH exists since 0.5.11):
 * **Regeneration** — the offline ``sglang.Engine`` (data-parallel over the job's GPUs, ``dp_size``) fed with the
   exact chat-template token ids (Qwen3 ``enable_thinking=False``); rows in the same format as the CPU path
   (:mod:`dscout.data.responses`), written chunk by chunk so a killed job resumes.
-* **Serving benchmark** — one ``sglang.launch_server`` per method on loopback (AR: no speculative flags; DFlash /
-  DScout: ``--speculative-algorithm DFLASH --speculative-draft-model-path <drafter>
-  --speculative-num-draft-tokens <bs>``; EAGLE-3(60): ``EAGLE3`` with 7 steps, top-k 10, 60 draft tokens), a
-  ``/flush_cache`` and ``c`` warm-up requests, then a closed-loop client with ``c`` workers over the real
-  prompts. Per request SGLang reports ``completion_tokens``, ``e2e_latency``, ``spec_verify_ct`` and
+* **Serving benchmark** — one ``sglang.launch_server`` per method on loopback, each on a free port (AR: no
+  speculative flags; DFlash / DScout: ``--speculative-algorithm DFLASH --speculative-draft-model-path <drafter>
+  --speculative-num-draft-tokens <bs>``; EAGLE-3(60): ``EAGLE3`` with 7 steps, top-k 10, 60 draft tokens). Before
+  anything is sent the server's own ``/get_server_info`` (SGLang's ``ServerArgs``) must name the method's model,
+  port, algorithm, block size and drafter, so a job never measures another job's server on a shared node. Then
+  ``c`` warm-up requests (prompts outside the measured pool), a ``/flush_cache``, and a closed-loop client with
+  ``c`` workers over the measured pool. Per request SGLang reports ``completion_tokens``, ``e2e_latency``, ``spec_verify_ct`` and
   ``spec_accept_length`` (= completion tokens / verify rounds, bonus included; docs/method.md §6.3); the
   records use the project's schema so Tables 3 and 4 are computed by the same code on both paths.
 
 Nothing here runs on the CPU default; ``tests/test_serving.py`` parses every server command line with the pinned
 SGLang's own argument parser (its wheel installed without dependencies, plus what ``server_args`` imports) and
-checks the record conversion.
+checks the record conversion; ``tests/test_sglang_trust.py`` drives the serving path against a stub server on
+loopback that answers like SGLang (``tests/sglang_stub.py``).
 """
 
 from __future__ import annotations
