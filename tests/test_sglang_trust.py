@@ -100,6 +100,11 @@ def test_a_port_in_use_and_a_server_dying_in_the_warm_up_are_named_errors(tmp_pa
                         max_new_tokens=3, repeat=1, drafter_dir="/drafters/dscout-x",
                         warmup_requests=_requests(2, start=50), launch=_stub_launch({"STUB_DIE_AFTER": "1"}),
                         health_timeout=30, log_path=tmp_path / "server.log")
+    with pytest.raises(ServerError, match=r"the server on port \d+ .*during the measured closed loop"):
+        serve_benchmark("/models/qwen3-8b", DSCOUT, _requests(4), concurrency=1, temperature=0.0,
+                        max_new_tokens=3, repeat=1, drafter_dir="/drafters/dscout-x",
+                        warmup_requests=_requests(1, start=50), launch=_stub_launch({"STUB_DIE_AFTER": "3"}),
+                        health_timeout=30)
 
 
 def test_the_expected_identity_is_the_launched_command_lines():

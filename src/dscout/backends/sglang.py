@@ -307,17 +307,23 @@ def serve_benchmark(target: str, method: dict, requests_: list[dict], *, concurr
         wait_for_server(base, proc, timeout=health_timeout, job=job, log_path=log_path)
         check_server_identity(server_info(base), expected_identity(target, method, drafter_dir, port), port=port,
                               job=job)
+        def failed(phase, err):
+            state = f"exited with code {proc.poll()}" if proc.poll() is not None else "failed"
+            return ServerError(f"{job}: the server on port {port} {state} during the {phase}: {err}"
+                               + (f" (server log: {log_path})" if log_path else ""))
+
         if warmup_requests:
             try:  # warm-up, not counted
                 closed_loop(base, warmup_requests, concurrency, sampling)
             except Exception as err:
-                state = f"exited with code {proc.poll()}" if proc.poll() is not None else "failed"
-                raise ServerError(f"{job}: the server on port {port} {state} during the warm-up: {err}"
-                                  + (f" (server log: {log_path})" if log_path else "")) from err
-        _post(base + "/flush_cache", {})
-        t0 = time.perf_counter()
-        results = closed_loop(base, requests_, concurrency, sampling)
-        wall = time.perf_counter() - t0
+                raise failed("warm-up", err) from err
+        try:
+            _post(base + "/flush_cache", {})
+            t0 = time.perf_counter()
+            results = closed_loop(base, requests_, concurrency, sampling)
+            wall = time.perf_counter() - t0
+        except Exception as err:
+            raise failed("measured closed loop", err) from err
     finally:
         proc.terminate()
         try:
