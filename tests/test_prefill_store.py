@@ -46,6 +46,40 @@ def test_entries_live_on_the_host_within_the_cap_least_recently_used_out_first(t
         PrefillStore(-1)
 
 
+def test_qwen3_8b_prefills_leave_the_gpu_and_come_back_within_the_cap():
+    """The paper's shape on fake CUDA tensors: a 2,048-token Qwen3-8B prompt (36 layers, 8 KV heads x 128, bf16;
+    taps of 5 layers x 4096) holds 36 x 2 x 8 x 128 x 2048 x 2 B = 302 MB of cache, 386 MB in all; a 1.25 GiB cap
+    keeps three."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import DynamicCache
+
+    def prefill(mode):
+        cache = DynamicCache()
+        for layer in range(36):
+            kv = torch.empty(1, 8, 2048, 128, dtype=torch.bfloat16, device="cuda")
+            cache.update(kv, kv.clone(), layer)
+        return {"cache": cache, "logits": torch.empty(151936, device="cuda"),
+                "taps": torch.empty(2048, 5 * 4096, dtype=torch.bfloat16, device="cuda"), "seconds": 0.5}
+
+    with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        warnings.simplefilter("ignore")  # deepcopy of fake tensors reads their (absent) data pointers
+        size = entry_bytes(prefill(mode))
+        assert size == 36 * 2 * 8 * 128 * 2048 * 2 + 151936 * 4 + 2048 * 5 * 4096 * 2
+        store = PrefillStore(5 * 2**28)
+        for i in range(4):
+            store[f"p{i}"] = prefill(mode)
+        assert list(store._entries) == ["p1", "p2", "p3"] and store.bytes == 3 * size <= 5 * 2**28
+        held = store._entries["p3"][0]
+        assert {layer.keys.device.type for layer in held["cache"].layers} == {"cpu"}
+        assert held["logits"].device.type == held["taps"].device.type == "cpu"
+        back = store.get("p3")
+        assert {layer.keys.device.type for layer in back["cache"].layers} == {"cuda"}
+        assert back["logits"].device.type == back["taps"].device.type == "cuda"
+        assert back["cache"].get_seq_length() == 2048
+
+
 class _Recorder(SpeculativeEngine):
     """Records which prefill store each generate call received."""
 

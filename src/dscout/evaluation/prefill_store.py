@@ -51,7 +51,8 @@ def entry_bytes(entry: dict) -> int:
 
 
 def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
+    """Wait for the non-blocking copies to the host (a no-op off CUDA, and for fake CUDA tensors on a CPU)."""
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
         torch.cuda.synchronize(device)
 
 
