@@ -8,7 +8,8 @@ per distinct prompt, across methods and repeats (issue 47): on Qwen3-8B a 2,048-
 300 MB. This store
 
 * keeps its entries on the host (the KV cache moved with transformers' own ``CacheLayerMixin.offload``, the
-  tensors with ``.to("cpu")``) and hands back a fresh copy on the entry's device (``CacheLayerMixin.prefetch``);
+  other tensors with ``.to("cpu")``) and hands back a fresh copy on each cache layer's own device (one host to
+  device copy per tensor);
 * holds at most ``max_bytes`` (config ``benchmarks.prefill_store_gb``): the least recently used entries leave
   first, and an entry larger than the cap is not kept;
 * is meant for first turns only (the callers pass it for turn 0: an MT-Bench turn 2 carries the method's own
@@ -115,9 +116,13 @@ class PrefillStore:
         self._entries.move_to_end(key)
         host = item[0]
         device = host["device"]
-        cache = copy.deepcopy(host["cache"]) if host.get("cache") is not None else None
-        for layer in _cache_layers(cache):
-            layer.prefetch()  # back to the layer's own device (a no-op on a CPU target)
+        cache = host.get("cache")
+        if cache is not None:  # the cache's structure deep-copied, its tensors copied once, straight to the device
+            memo = {id(t): t.to(getattr(layer, "device", None) or device, copy=True)
+                    for layer in _cache_layers(cache)
+                    for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                    if isinstance(t, torch.Tensor)}
+            cache = copy.deepcopy(cache, memo)
         out = dict(host)
         out["cache"] = cache
         out["logits"] = host["logits"].to(device) if host["logits"] is not None else None
