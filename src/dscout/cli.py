@@ -214,8 +214,8 @@ def clear_repeat_dirs(out_dir: Path, repeats: int | None = None) -> list[Path]:
 
     removed = [d for d in Path(out_dir).glob("r*") if d.is_dir() and re.fullmatch(r"r\d+", d.name)
                and (repeats is None or int(d.name[1:]) >= repeats)]
-    for d in removed:
-        shutil.rmtree(d)
+    for d in removed:  # jobs of other repeats may clear the same folder at the same time
+        shutil.rmtree(d, ignore_errors=True)
     return removed
 
 
