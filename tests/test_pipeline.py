@@ -411,7 +411,9 @@ def test_a_benchmark_job_killed_mid_repeat_loses_that_repeat_only(smoke_run, tmp
             if log.exists() and log.stat().st_mtime > t0 and "gsm8k r1" in log.read_text():
                 break
             time.sleep(0.2)
-        assert proc.poll() is None and "gsm8k r1" in log.read_text(), "the job was not decoding repeat 1"
+        if proc.poll() is not None:
+            raise AssertionError(f"snakemake ended before the job could be killed:\n{proc.communicate()[0][-3000:]}")
+        assert "gsm8k r1" in log.read_text(), "the job was not decoding repeat 1"
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
     finally:
