@@ -95,11 +95,23 @@ def bench_rows(bench_dir: str) -> list[dict]:
     return rows
 
 
+def _serving_files(serving_dir: str) -> dict[int, list[str]]:
+    """Concurrency -> its record files: ``c<c>/r<k>.jsonl`` (one job per repeat) or an older run's ``c<c>.jsonl``."""
+    import re
+
+    out = defaultdict(list)
+    for path in glob.glob(os.path.join(serving_dir, "c*.jsonl")) + glob.glob(os.path.join(serving_dir, "c*", "r*.jsonl")):
+        m = re.search(r"/c(\d+)(?:\.jsonl|/r\d+\.jsonl)$", path)
+        if m:
+            out[int(m.group(1))].append(path)
+    return out
+
+
 def serving_breakdown(serving_dir: str) -> list[dict]:
     """Per c and method: ms per batch round (median over repeats), τ; for online the bs-1 / drafted split."""
     out = []
-    for path in sorted(glob.glob(os.path.join(serving_dir, "c*.jsonl")), key=lambda p: int(p.split("/c")[-1][:-6])):
-        recs = _load([path])
+    for c, paths in sorted(_serving_files(serving_dir).items()):
+        recs = _load(paths)
         by = defaultdict(lambda: defaultdict(list))
         for r in recs:
             by[r["method_key"]][r.get("repeat") or 0].append(r)
@@ -146,7 +158,7 @@ def main(argv=None):
                       + ((f" {_fmt(*r['vs_first'])} |" if r["vs_first"] else " – |") if several else ""))
         md.append("")
     if a.serving:
-        recs = _load(glob.glob(os.path.join(a.serving, "c*.jsonl")))
+        recs = _load([p for paths in _serving_files(a.serving).values() for p in paths])
         md += ["## Table 4 (batched engine): throughput vs AR, median [min, max] over repeats", "",
                "| c | online column · speedup | DScout(best) | best bs | online vs best | mean bs online | repeats |",
                "|---|---|---|---|---|---|---|"]

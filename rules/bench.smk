@@ -1,43 +1,46 @@
-# Benchmarks: one job per (benchmark, temperature) runs AR and every method side by side on the same prompts,
-# repeat after repeat, so speedups compare timings taken under the same machine conditions; one JSONL file per
-# (repeat, method). One process for all repeats saves the per-job start (imports, model loads) 4 times over.
+# Benchmarks: one job per (benchmark, temperature, repeat) runs AR and every method side by side on the same prompts,
+# so every speedup compares timings taken in one process under the same machine conditions (Table 3 pairs AR and a
+# method inside a repeat, never across jobs); one JSONL file per (repeat, method). A job killed mid-repeat loses
+# that repeat only: the finished repeats are other jobs' outputs, which a rerun leaves untouched. Each job gets its
+# benchmark's slice of the stage (its prompt count and token budget), so changing one benchmark's reruns its jobs only.
 
 
 rule benchmark:
     wildcard_constraints:
         temp="0",
+        repeat=r"\d+",
     message:
-        "Benchmark {wildcards.benchmark}, T={wildcards.temp}, {params.repeats} repeats"
+        "Benchmark {wildcards.benchmark}, T={wildcards.temp}, repeat {wildcards.repeat} of {params.repeats}"
     input:
         unpack(drafter_inputs),
         target=f"{TARGET_DIR}/target.json",
     output:
-        expand(
-            "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{repeat}/{method}.jsonl",
-            repeat=REPEATS,
-            method=METHOD_KEYS,
-        )
-        + expand("results/bench/{{bid}}/{{benchmark}}/t{{temp}}/latency-{method}.json", method=ONLINE_METHOD_KEYS),
+        expand("results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{{repeat}}/{method}.jsonl", method=METHOD_KEYS)
+        + expand(
+            "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{{repeat}}/latency-{method}.json", method=ONLINE_METHOD_KEYS
+        ),
     params:
         cli=CLI,
-        stage=stage_json(BENCH_STAGE),
+        stage=lambda w: stage_json(dcfg.benchmark_slice(BENCH_STAGE, w.benchmark)),
         drafters=drafter_args,
         out_dir=bench_out_dir,
         repeats=len(REPEATS),
+        prefill_gb=config["benchmarks"]["prefill_store_gb"],
         code=code("bench"),
         data_root=DATA_ROOT,
     threads: JOB_THREADS
     resources:
         gpu=min(GPUS, 1),
     log:
-        "results/logs/benchmark/{bid}-{benchmark}-t{temp}.log",
+        "results/logs/benchmark/{bid}-{benchmark}-t{temp}-r{repeat}.log",
     benchmark:
-        "results/timings/benchmark/{bid}-{benchmark}-t{temp}.tsv"
+        "results/timings/benchmark/{bid}-{benchmark}-t{temp}-r{repeat}.tsv"
     conda:
         "../envs/train.yaml"
     shell:
         "python {params.cli} bench --stage {params.stage:q} --target $(dirname {input.target}) "
-        "--benchmark {wildcards.benchmark} --temperature {wildcards.temp} --repeats {params.repeats} "
+        "--benchmark {wildcards.benchmark} --temperature {wildcards.temp} --repeat {wildcards.repeat} "
+        "--repeats {params.repeats} --prefill-store-gb {params.prefill_gb} "
         "{params.drafters} --out-dir {params.out_dir} --data-root {params.data_root:q} "
         "--threads {threads} > {log} 2>&1"
 
@@ -46,17 +49,15 @@ rule benchmark:
 use rule benchmark as benchmark_sampled with:
     wildcard_constraints:
         temp=r"[1-9][0-9.]*|0\.[0-9]*[1-9][0-9]*",
+        repeat=r"\d+",
     output:
-        expand(
-            "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{repeat}/{method}.jsonl",
-            repeat=REPEATS,
-            method=SAMPLED_METHOD_KEYS,
-        )
+        expand("results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{{repeat}}/{method}.jsonl", method=SAMPLED_METHOD_KEYS)
         + expand(
-            "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/latency-{method}.json", method=SAMPLED_ONLINE_METHOD_KEYS
+            "results/bench/{{bid}}/{{benchmark}}/t{{temp}}/r{{repeat}}/latency-{method}.json",
+            method=SAMPLED_ONLINE_METHOD_KEYS,
         ),
     params:
-        stage=stage_json(SAMPLED_BENCH_STAGE),
+        stage=lambda w: stage_json(dcfg.benchmark_slice(SAMPLED_BENCH_STAGE, w.benchmark)),
 
 
 # The target's task accuracy on a larger sample (greedy AR, batched, lm-eval metrics): every lossless method's

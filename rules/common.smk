@@ -238,7 +238,8 @@ def bench_records():
 def serving_records_input(wildcards):
     if not SERVING:
         raise ValueError("Table 4 comes from the serving benchmark: set `serving: {enabled: true}`")
-    return expand("results/serving/{sid}/c{c}.jsonl", sid=SERVING_ID, c=config["concurrency"])
+    return expand("results/serving/{sid}/c{c}/r{repeat}.jsonl", sid=SERVING_ID, c=config["concurrency"],
+                  repeat=REPEATS)
 
 
 def serving_drafter_inputs(wildcards):
@@ -386,9 +387,10 @@ def study_drafter_inputs(wildcards):
 
 
 def online_latency_files():
-    """The latency models the temperature-0 benchmark jobs of online rows calibrated (Figure "online")."""
-    return expand("results/bench/{bid}/{benchmark}/t0/latency-{method}.json", bid=BENCH_ID, benchmark=BENCHES,
-                  method=ONLINE_METHOD_KEYS)
+    """The latency models the temperature-0 benchmark jobs of online rows calibrated (Figure "online"): one per
+    (benchmark, repeat, online row), each job calibrating its own."""
+    return expand("results/bench/{bid}/{benchmark}/t0/r{repeat}/latency-{method}.json", bid=BENCH_ID,
+                  benchmark=BENCHES, repeat=REPEATS, method=ONLINE_METHOD_KEYS)
 
 
 def bench_out_dir(wildcards):

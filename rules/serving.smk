@@ -1,38 +1,45 @@
-# Table 4 (config `serving`): one job per concurrency level. backend batched (CPU default): the same c requests
-# decoded together by the batched engine for AR, DFlash(16) and DScout at every candidate bs. backend sglang
-# (cluster): one SGLang server per method on loopback, closed-loop client at concurrency c (dscout.backends.sglang).
-# Either way the records share one schema and Table 4 picks DScout(best) per c from the measured throughput.
+# Table 4 (config `serving`): one job per (concurrency level, repeat). backend batched (CPU default): the same c
+# requests decoded together by the batched engine for AR, DFlash(16) and DScout at every candidate bs. backend sglang
+# (cluster): one SGLang server per method on loopback, each on a free port and checked against its own description
+# (/get_server_info) before it is measured, c warm-up requests from beyond the measured pool, then a closed-loop
+# client at concurrency c over the pool (dscout.backends.sglang). Either way AR and every method of a repeat run in
+# the same job, the records share one schema and Table 4 pairs each method with AR's throughput of the same repeat,
+# picking DScout(best) per c from the measured throughput. A killed job loses its own repeat only.
 
 SERVING_ENV = "../envs/serve.yaml" if config["serving"]["backend"] == "sglang" else "../envs/train.yaml"
 
 
 rule serving_benchmark:
+    wildcard_constraints:
+        repeat=r"\d+",
     message:
-        "Serving at concurrency {wildcards.c} (batched engine)"
+        "Serving at concurrency {wildcards.c}, repeat {wildcards.repeat} ({params.backend})"
     input:
         unpack(serving_drafter_inputs),
         target=f"{TARGET_DIR}/target.json",
     output:
-        "results/serving/{sid}/c{c}.jsonl",
+        "results/serving/{sid}/c{c}/r{repeat}.jsonl",
     params:
         cli=CLI,
         stage=lambda w: stage_json(SERVING_STAGE),
+        backend=config["serving"]["backend"],
+        prefill_gb=config["benchmarks"]["prefill_store_gb"],
         code=code("serving"),
         data_root=DATA_ROOT,
     threads: JOB_THREADS
     resources:
         gpu=min(GPUS, 1),
     log:
-        "results/logs/serving_benchmark/{sid}-c{c}.log",
+        "results/logs/serving_benchmark/{sid}-c{c}-r{repeat}.log",
     benchmark:
-        "results/timings/serving_benchmark/{sid}-c{c}.tsv"
+        "results/timings/serving_benchmark/{sid}-c{c}-r{repeat}.tsv"
     conda:
         SERVING_ENV
     shell:
         "python {params.cli} serve-cpu --stage {params.stage:q} --target $(dirname {input.target}) "
         "--drafter dflash=$(dirname {input.dflash}) --drafter dscout=$(dirname {input.dscout}) "
-        "--concurrency {wildcards.c} --out {output} --data-root {params.data_root:q} --threads {threads} "
-        "> {log} 2>&1"
+        "--concurrency {wildcards.c} --repeat {wildcards.repeat} --prefill-store-gb {params.prefill_gb} "
+        "--out {output} --data-root {params.data_root:q} --threads {threads} > {log} 2>&1"
 
 
 rule table4:

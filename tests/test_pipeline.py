@@ -64,7 +64,7 @@ def test_stage_ids_depend_on_exactly_their_slice():
     L = base["target"]["num_layers"]
     ids = lambda c: (dcfg.responses_id(c), dcfg.drafter_id(c, "dscout", L), dcfg.bench_id(c, L))
     r0, d0, b0 = ids(base)
-    bench_change = dcfg.deep_merge(base, {"benchmarks": {"max_new_tokens": 99}})
+    bench_change = dcfg.deep_merge(base, {"benchmarks": {"seed": 99}})
     assert ids(bench_change)[:2] == (r0, d0) and ids(bench_change)[2] != b0  # no retraining
     recipe_change = dcfg.deep_merge(base, {"drafters": {"dscout": {"recipe": "dflash"}}})
     r1, d1, _ = ids(recipe_change)
@@ -85,6 +85,26 @@ def test_sampled_token_budget_changes_only_the_sampled_runs():
     assert dcfg.sampled_bench_stage(unset, L)["benchmarks"]["max_new_tokens"] == base["benchmarks"]["max_new_tokens"]
 
 
+def test_one_benchmarks_prompt_count_or_budget_changes_that_benchmarks_slice_only():
+    """Exact slices (issue 47): the folder id leaves the per-benchmark counts out, each job gets its own."""
+    base = load()
+    L = base["target"]["num_layers"]
+    more = dcfg.deep_merge(base, {"benchmarks": {"num_prompts": {"gsm8k": 2}, "max_new_tokens": {"gsm8k": 7}}})
+    assert dcfg.bench_id(more, L) == dcfg.bench_id(base, L)
+    for stage_of in (dcfg.bench_stage, dcfg.sampled_bench_stage):
+        old, new = stage_of(base, L), stage_of(more, L)
+        assert dcfg.benchmark_slice(new, "gsm8k") != dcfg.benchmark_slice(old, "gsm8k")
+        for name in base["benchmarks"]["names"]:
+            if name != "gsm8k":
+                assert dcfg.benchmark_slice(new, name) == dcfg.benchmark_slice(old, name), name
+    cut = dcfg.benchmark_slice(dcfg.bench_stage(more, L), "gsm8k")["benchmarks"]
+    assert cut["num_prompts"] == 2 and cut["max_new_tokens"] == 7
+    # a benchmark the mappings leave out gets the schema's defaults, as the prompts loader does
+    partial = dcfg.deep_merge(base, {"benchmarks": {"num_prompts": {"gsm8k": 3}}})
+    partial["benchmarks"]["num_prompts"] = {"gsm8k": 3}
+    assert dcfg.benchmark_slice(dcfg.bench_stage(partial, L), "mbpp")["benchmarks"]["num_prompts"] == 2
+
+
 def test_code_digest_tracks_stage_sources():
     assert dcfg.code_digest("train") != dcfg.code_digest("bench")
     assert len(dcfg.code_digest("analysis")) == 12
@@ -101,13 +121,13 @@ def test_paper_preset_dry_runs():
     jobs = _jobs(r.stdout)
     # DFlash + DScout trained, EAGLE-3 and PARD-2 imported from their public checkpoints by the same rule,
     # plus one drafter per recipe of the study (Tables 1, 2; Figures 4, 7)
-    assert jobs["train_drafter"] == 4 + 8  # six benchmarks x T in {0, 1}:
-    assert jobs["benchmark"] == 6 and jobs["benchmark_sampled"] == 6
+    assert jobs["train_drafter"] == 4 + 8  # six benchmarks x T in {0, 1} x 5 repeats (one job per repeat):
+    assert jobs["benchmark"] == 6 * 5 and jobs["benchmark_sampled"] == 6 * 5
     assert jobs["generate_responses"] == 1 and jobs["table3"] == 1
     for table_or_figure in ("fig2", "fig_online", "fig3", "fig5", "table4", "study_table1", "study_table2", "study_fig4",
                             "study_fig7"):  # every table and figure of the paper
         assert jobs[table_or_figure] == 1, table_or_figure
-    assert jobs["serving_benchmark"] == 4 and jobs["study_benchmark"] == 6 and jobs["depth_search"] == 1
+    assert jobs["serving_benchmark"] == 4 * 5 and jobs["study_benchmark"] == 6 and jobs["depth_search"] == 1
 
 
 def test_paper_preset_dry_runs_with_slurm_profile():
@@ -115,7 +135,7 @@ def test_paper_preset_dry_runs_with_slurm_profile():
     r = snakemake("-n", "--configfile", "presets/paper.yaml", "--profile", "profiles/slurm", "--sdm", "env-modules",
                   env=PAPER_DATA_ENV)
     jobs = _jobs(r.stdout)
-    assert jobs["train_drafter"] == 12 and jobs["benchmark"] + jobs["benchmark_sampled"] == 12
+    assert jobs["train_drafter"] == 12 and jobs["benchmark"] + jobs["benchmark_sampled"] == 12 * 5
     assert jobs["table4"] == 1 and jobs["all"] == 1
 
 
@@ -147,7 +167,7 @@ def test_smoke_artifacts_reuse_the_smoke_run(smoke_artifacts_run):
     # nothing of the main DAG reruns: only the study and findings drafters, their jobs, the temperature-1
     # benchmarks (AR + the sampled methods) and the artifacts that read them
     assert not {"generate_responses", "target_features", "benchmark"} & set(jobs)
-    assert jobs.get("train_drafter") == 8 + 9 and jobs.get("benchmark_sampled") == 6 and jobs.get("table3") == 1
+    assert jobs.get("train_drafter") == 8 + 9 and jobs.get("benchmark_sampled") == 6 * 2 and jobs.get("table3") == 1
 
 
 @pytest.mark.slow
@@ -277,10 +297,11 @@ def test_smoke_dag_runs_the_online_block_size_controller(smoke_run):
         assert len(r["round_block_sizes"]) == len(r["accept_lengths"]) == len(r["round_seconds"])
         assert all(1 <= n <= b <= r["max_block_size"] for n, b in zip(r["accept_lengths"], r["round_block_sizes"]))
     # two online rows (the second with its own controller settings, {explore: 0}): one latency model each per job
-    latency = list((work / "results/bench").rglob("t0/latency-dscout-online-*.json"))
-    assert len(latency) == 12 and {s["part"] for s in json.loads(latency[0].read_text())["samples"]} == {
+    # (6 benchmarks x 2 repeats)
+    latency = list((work / "results/bench").rglob("t0/r*/latency-dscout-online-*.json"))
+    assert len(latency) == 24 and {s["part"] for s in json.loads(latency[0].read_text())["samples"]} == {
         "draft", "verify"}  # the catch-up (deferred commits) is timed inside draft forwards
-    assert sum("-explore0-" in p.name for p in latency) == 6
+    assert sum("-explore0-" in p.name for p in latency) == 12
     assert {r["method_name"] for r in online} == {"DScout(online)", "DScout(online, explore 0)"}
     table = (work / "results/tables/table3.md").read_text()
     assert "DScout(online) against the fixed block sizes" in table and "Within 3% of the oracle" in table
@@ -303,7 +324,9 @@ def test_smoke_dag_renders_table4_from_batched_serving(smoke_artifacts_run):
     assert "DScout(online)" in (work / "results/tables/table4.md").read_text()
     assert "DScout(online, explore0)" in (work / "results/tables/table4.md").read_text()
     assert "online_vs_best" in rows[0] and "online_explore0_vs_best" in rows[0]
-    assert len(list((work / "results/serving").rglob("*.latency-dscout-online-explore0.json"))) == 2
+    # one job per (concurrency, repeat): c in {1, 2} x 2 repeats, each calibrating its own controllers
+    assert len(list((work / "results/serving").rglob("c*/r*.latency-dscout-online-explore0.json"))) == 4
+    assert {(r["concurrency"], r["repeat"]) for r in records} == {(1, 0), (1, 1), (2, 0), (2, 1)}
 
 
 @pytest.mark.slow
@@ -325,6 +348,84 @@ def test_second_run_schedules_nothing_and_changes_rerun_only_their_stage(smoke_r
     taps.write_text("drafters: {dflash: {num_taps: 3}}\n")
     jobs = _jobs(snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(taps), cwd=work).stdout)
     assert jobs.get("train_drafter") == 1 and jobs.get("target_features") == 1 and "generate_responses" not in jobs
+
+
+def _benchmarks_scheduled(dry_run_stdout: str) -> list[tuple[str, str, str]]:
+    """``(benchmark, temperature, repeat)`` of every benchmark job a (dry) run lists (the rule's message)."""
+    import re
+
+    return sorted(re.findall(r"Benchmark (\w+), T=([0-9.]+), repeat (\d+) of \d+", dry_run_stdout))
+
+
+@pytest.mark.slow
+def test_changing_one_benchmarks_prompts_or_budget_schedules_that_benchmarks_jobs_only(smoke_run):
+    """Exact slices (issue 47), tried as a new user would on a finished run: GSM8K's num_prompts from 1 to 2
+    schedules GSM8K's benchmark jobs (one per repeat) and what reads them, no other benchmark's."""
+    work, _ = smoke_run
+    names = ["gsm8k", "math500", "humaneval", "mbpp", "livecodebench", "mt_bench"]
+    more = work / "gsm8k_two_prompts.yaml"
+    more.write_text(yaml.safe_dump({"benchmarks": {"num_prompts": {n: 2 if n == "gsm8k" else 1 for n in names}}}))
+    r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(more), cwd=work)
+    jobs = _jobs(r.stdout)
+    assert _benchmarks_scheduled(r.stdout) == [("gsm8k", "0", "0"), ("gsm8k", "0", "1")], r.stdout[-3000:]
+    assert jobs["benchmark"] == 2 and set(jobs) <= {"benchmark", "table3", "fig2", "fig_online", "all"}, jobs
+    budget = work / "mt_bench_budget.yaml"  # a token budget: the same for max_new_tokens
+    budget.write_text(yaml.safe_dump({"benchmarks": {"max_new_tokens": {n: 9 if n == "mt_bench" else 12
+                                                                        for n in names}}}))
+    r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(budget), cwd=work)
+    assert _benchmarks_scheduled(r.stdout) == [("mt_bench", "0", "0"), ("mt_bench", "0", "1")], r.stdout[-3000:]
+    same = work / "same_as_preset.yaml"  # the preset's own values written per benchmark: no benchmark reruns (the
+    # tables' captions print the config as written, so they do)
+    same.write_text(yaml.safe_dump({"benchmarks": {"num_prompts": {n: 1 for n in names},
+                                                   "max_new_tokens": {n: 12 for n in names}}}))
+    r = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", str(same), cwd=work)
+    assert _benchmarks_scheduled(r.stdout) == [] and "benchmark" not in _jobs(r.stdout), r.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_a_benchmark_job_killed_mid_repeat_loses_that_repeat_only(smoke_run, tmp_path):
+    """Resumable benchmarks (issue 47): the job of GSM8K's repeat 1 is killed while it decodes; the rerun runs that
+    job alone, and repeat 0's records (every benchmark's) stay byte-identical and untouched (same mtime)."""
+    import shutil
+    import signal
+    import time
+
+    from tests.workflow import snakemake_env
+
+    work = tmp_path / "work"
+    shutil.copytree(smoke_run[0], work, symlinks=True)  # copy2 keeps mtimes: the copy is as up to date as the run
+    bench = next((work / "results/bench").glob("*/gsm8k/t0")).parent.parent
+    r0 = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in bench.glob("*/t0/r0/*")}
+    assert len(r0) > 6 * 5
+    killed = bench / "gsm8k/t0/r1/ar.jsonl"
+    log = work / f"results/logs/benchmark/{bench.name}-gsm8k-t0-r1.log"
+    args = [sys.executable, "-m", "snakemake", "--cores", "1", "--configfile", "presets/smoke.yaml", "--force",
+            str(killed.relative_to(work))]
+    t0 = time.time()
+    # its own process group: the kill takes Snakemake and the job at once, as a node failure or SLURM's time limit
+    # does (a SIGTERM to Snakemake alone lets the running job finish)
+    proc = subprocess.Popen(args, cwd=work, env=snakemake_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:  # killed once the job decodes its prompts (tqdm's bar names the repeat in the job's log)
+        while time.time() - t0 < 300 and proc.poll() is None:
+            if log.exists() and log.stat().st_mtime > t0 and "gsm8k r1" in log.read_text():
+                break
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            raise AssertionError(f"snakemake ended before the job could be killed:\n{proc.communicate()[0][-3000:]}")
+        assert "gsm8k r1" in log.read_text(), "the job was not decoding repeat 1"
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0 and not killed.exists(), out[-3000:]  # the killed repeat's records are gone ...
+    snakemake("--unlock", "--configfile", "presets/smoke.yaml", cwd=work)  # the lock a hard kill leaves
+    rerun = snakemake("--cores", "1", "--configfile", "presets/smoke.yaml", "--rerun-incomplete", cwd=work)
+    assert _benchmarks_scheduled(rerun.stdout + rerun.stderr) == [("gsm8k", "0", "1")], rerun.stdout[-3000:]
+    assert killed.exists() and json.loads(killed.read_text().splitlines()[0])["repeat"] == 1  # ... and redone
+    for p, (data, mtime) in r0.items():  # ... while repeat 0 was never touched
+        assert p.read_bytes() == data and p.stat().st_mtime_ns == mtime, p
 
 
 @pytest.mark.slow

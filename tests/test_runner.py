@@ -69,16 +69,33 @@ class _Wrong(_Logged):
         return r
 
 
-def test_a_benchmark_job_clears_the_repeat_folders_an_earlier_run_left(tmp_path):
+def test_a_benchmark_job_clears_only_the_repeat_folders_beyond_the_configured_repeats(tmp_path):
     """A rerun with fewer repeats must not leave the earlier run's r7/, r8/ beside its records (found when a
-    9-repeat run's last two repeats were read into a 7-repeat report)."""
+    9-repeat run's last two repeats were read into a 7-repeat report); the configured repeats' folders are other
+    jobs' finished outputs (one job per repeat, issue 47) and stay."""
     from dscout.cli import clear_repeat_dirs
 
-    for rel in ("r0/ar.jsonl", "r0/dflash-bs16-old.jsonl", "r7/ar.jsonl", "r12/ar.jsonl", "rare/keep.txt",
+    for rel in ("r0/ar.jsonl", "r1/ar.jsonl", "r7/ar.jsonl", "r12/ar.jsonl", "rare/keep.txt",
                 "latency-dscout-online.json", "config.resolved.json"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("{}\n")
-    removed = clear_repeat_dirs(tmp_path)
-    assert sorted(p.name for p in removed) == ["r0", "r12", "r7"]
+    removed = clear_repeat_dirs(tmp_path, repeats=2)
+    assert sorted(p.name for p in removed) == ["r12", "r7"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.resolved.json", "latency-dscout-online.json",
-                                                          "rare"]
+                                                          "r0", "r1", "rare"]
+    assert (tmp_path / "r0/ar.jsonl").read_text() == "{}\n"
+    assert sorted(p.name for p in clear_repeat_dirs(tmp_path)) == ["r0", "r1"]  # repeats=None: all of them
+
+
+def test_a_repeat_is_complete_only_with_every_methods_parseable_records(tmp_path):
+    from dscout.cli import repeat_complete
+
+    r0 = tmp_path / "r0"
+    r0.mkdir()
+    (r0 / "ar.jsonl").write_text('{"repeat": 0, "new_tokens": 3}\n')
+    assert repeat_complete(r0, ["ar"]) and not repeat_complete(r0, ["ar", "dscout-bs16"])
+    (r0 / "dscout-bs16.jsonl").write_text('{"repeat": 0, "new_t')  # cut off mid-line
+    assert not repeat_complete(r0, ["ar", "dscout-bs16"])
+    (r0 / "dscout-bs16.jsonl").write_text("")
+    assert not repeat_complete(r0, ["ar", "dscout-bs16"])
+    assert not repeat_complete(tmp_path / "r1", ["ar"])

@@ -213,38 +213,63 @@ def cmd_train(a):
     write_resolved(Path(a.out) / "config.resolved.json", st)
 
 
-def clear_repeat_dirs(out_dir: Path) -> list[Path]:
-    """Remove the per-repeat record folders ``r<k>/`` a previous run of a benchmark job left in ``out_dir``.
+def clear_repeat_dirs(out_dir: Path, repeats: int | None = None) -> list[Path]:
+    """Remove the per-repeat record folders ``r<k>/`` with ``k >= repeats`` that a previous run left in ``out_dir``.
 
-    Snakemake deletes only the files a job declares: after a rerun with fewer repeats or other methods, an earlier
-    run's ``r7/`` or ``r0/<old method>.jsonl`` would stay beside the new records, and anything reading the folder
-    (the reports in ``benchmarks/``, a user's glob) would mix two runs. The job rewrites every record it declares.
+    Snakemake deletes only the files a job declares: after a rerun with fewer repeats, an earlier run's ``r7/``
+    would stay beside the new records, and anything reading the folder (the reports in ``benchmarks/``, a user's
+    glob) would mix two runs. The folders of the configured repeats (``k < repeats``) are other jobs' outputs (one
+    job per repeat): never touched here, so a finished repeat survives any rerun (issue 47).
 
+    Args:
+        out_dir: ``results/bench/<id>/<benchmark>/t<T>``.
+        repeats: the configured repeat count; None = every ``r<k>/`` (the folder is about to be rewritten whole).
     Returns:
         the folders removed.
     """
     import re
     import shutil
 
-    removed = [d for d in Path(out_dir).glob("r*") if d.is_dir() and re.fullmatch(r"r\d+", d.name)]
-    for d in removed:
-        shutil.rmtree(d)
+    removed = [d for d in Path(out_dir).glob("r*") if d.is_dir() and re.fullmatch(r"r\d+", d.name)
+               and (repeats is None or int(d.name[1:]) >= repeats)]
+    for d in removed:  # jobs of other repeats may clear the same folder at the same time
+        shutil.rmtree(d, ignore_errors=True)
     return removed
+
+
+def repeat_complete(repeat_dir: Path, method_keys: list[str]) -> bool:
+    """Whether ``repeat_dir`` holds a finished repeat: a non-empty, parseable JSONL file per method key (records
+    are written atomically, one file per method, once the whole repeat has run)."""
+    for key in method_keys:
+        path = Path(repeat_dir) / f"{key}.jsonl"
+        try:
+            lines = path.read_text().splitlines()
+            if not lines or any(json.loads(line).get("repeat") is None for line in lines):
+                return False
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 def cmd_bench(a):
     from dscout.data.prompts import chat_prompt_ids
     from dscout.evaluation.methods import build_methods, typical_context_tokens
+    from dscout.evaluation.prefill_store import PrefillStore
     from dscout.evaluation.runner import run_benchmark, write_records
-    from dscout.config import write_resolved
+    from dscout.config import benchmark_slice, write_resolved
     from dscout.data.benchmarks import stage_prompts
     from dscout.data.paths import data_root
 
-    st = json.loads(a.stage)
+    st = benchmark_slice(json.loads(a.stage), a.benchmark)  # the job's own benchmark (a no-op on a sliced stage)
+    b = st["benchmarks"]
+    todo = [a.repeat] if a.repeat is not None else list(range(a.repeats))
+    if a.repeat is not None and not 0 <= a.repeat < a.repeats:
+        raise SystemExit(f"dscout bench {a.benchmark}: --repeat {a.repeat} is not one of the {a.repeats} repeats")
+    out = Path(a.out_dir)
+    clear_repeat_dirs(out, a.repeats)  # folders beyond the configured repeats only
     _set_threads(a.threads)
     target = load_target(a.target)
-    b = st["benchmarks"]
-    max_new = b["max_new_tokens"] if isinstance(b["max_new_tokens"], int) else b["max_new_tokens"].get(a.benchmark, 64)
+    max_new = b["max_new_tokens"]
     prompts = stage_prompts(b, a.benchmark, data_root(a.data_root))
     drafter_dirs = dict(kv.split("=", 1) for kv in (a.drafter or []))
     stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
@@ -254,21 +279,34 @@ def cmd_bench(a):
     methods = build_methods(target, st["methods"], drafter_dirs, stops,
                             cpu_packed_linear=b.get("cpu_packed_linear", False),
                             context_tokens=typical_context_tokens([len(x) for x in first_turns], max_new))
-    out = Path(a.out_dir)
-    clear_repeat_dirs(out)
-    for m in methods:  # the online controller's latency model, calibrated at start-up, is saved with the run
-        if m.engine.controller is not None:
-            m.engine.controller.latency.to_json(out / f"latency-{m.key}.json")
-    prefills = {}  # identical prompt prefills are computed once across methods and repeats
-    for repeat in range(a.repeats):
+    if a.repeat is None:  # one process for all repeats: resume, never redo or delete a finished repeat
+        done = [k for k in todo if repeat_complete(out / f"r{k}", [m.key for m in methods])]
+        if done:
+            print(f"dscout bench {a.benchmark}: repeats {done} are complete in {out}: kept", file=sys.stderr)
+        todo = [k for k in todo if k not in done]
+    # identical first-turn prefills are computed once across the methods (and the repeats of this process), kept
+    # on host memory within the byte cap
+    prefills = PrefillStore(int(a.prefill_store_gb * 2**30))
+    for i, repeat in enumerate(todo):
+        rdir = out / f"r{repeat}"
+        if rdir.is_dir():  # this job's own folder: a half-written earlier attempt, or records of other methods
+            import shutil
+
+            shutil.rmtree(rdir)
+        rdir.mkdir(parents=True)
+        for m in methods:  # the online controller's latency model, calibrated at start-up, is saved with the run
+            if m.engine.controller is not None:
+                m.engine.controller.latency.to_json(rdir / f"latency-{m.key}.json")
         records = run_benchmark(target, methods, prompts, benchmark=a.benchmark, max_new_tokens=max_new,
                                 temperature=a.temperature, repeat=repeat, chat=st["chat"],
                                 near_tie_epsilon=st["near_tie_epsilon"], score_outputs=b.get("score", True),
                                 execute_code=b.get("confirm_run_unsafe_code", False),
-                                warmup=repeat == 0, prefill_store=prefills)
-        for m in methods:
-            write_records(records[m.key], out / f"r{repeat}" / f"{m.key}.jsonl")
-    write_resolved(out / "config.resolved.json", st)
+                                warmup=i == 0, prefill_store=prefills)
+        write_resolved(rdir / "config.resolved.json", st)
+        for m in methods:  # written once the whole repeat has run (each file atomically)
+            write_records(records[m.key], rdir / f"{m.key}.jsonl")
+    if a.repeat is None:  # the per-repeat jobs of one folder each keep theirs in r<k>/ (no shared file to race on)
+        write_resolved(out / "config.resolved.json", st)
 
 
 def cmd_accuracy(a):
@@ -387,6 +425,7 @@ def sglang_serving_methods(stage: dict, drafters: dict[str, str]) -> list[tuple[
 
 
 def cmd_serve_cpu(a):
+    from dscout.evaluation.prefill_store import PrefillStore
     from dscout.evaluation.serving import serving_records, write_records
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
@@ -407,27 +446,41 @@ def cmd_serve_cpu(a):
     else:
         target = load_target(a.target)
     chat = st["chat"]
-    lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"], seed=st["seed"]) for n in st["benchmarks"]]
-    pool = [item for group in zip(*lists) for item in group][: st["pool_size"]]  # round robin over benchmarks
+    sglang = st.get("backend") == "sglang"
+    # SGLang: c warm-up requests per server from beyond the measured pool (never measured); batched: none here
+    warm_n = a.concurrency if sglang else 0
+    lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"] + warm_n, seed=st["seed"])
+             for n in st["benchmarks"]]
+    items = [item for group in zip(*lists) for item in group]  # round robin over benchmarks
+    pool, spare = items[: st["pool_size"]], items[st["pool_size"]: st["pool_size"] + warm_n]
+    if sglang and len(spare) < warm_n:
+        raise SystemExit(f"dscout serve (c={a.concurrency}, repeat {a.repeat}): the benchmarks {st['benchmarks']} "
+                         f"hold {len(items)} prompts, {st['pool_size']} measured + {warm_n} warm-up needed "
+                         "(lower serving.pool_factor or add benchmarks)")
     prompts = _first_turn_ids(target.tokenizer, pool, chat)
     ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
     drafters = dict(kv.split("=", 1) for kv in a.drafter)
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])
-    if st.get("backend") == "sglang":  # one server per method, closed loop at concurrency c (GPU cluster)
+    if sglang:  # one server per method, closed loop at concurrency c (GPU cluster)
         from dscout.backends.sglang import serve_benchmark
 
         reqs = [{"benchmark": it.benchmark, "prompt_id": pid, "turn": 0, "input_ids": p}
                 for it, pid, p in zip(pool, ids, prompts)]
+        warm = [{"benchmark": it.benchmark, "prompt_id": f"{it.benchmark}/{it.prompt_id}", "turn": 0,
+                 "input_ids": p} for it, p in zip(spare, _first_turn_ids(target.tokenizer, spare, chat))]
         methods = sglang_serving_methods(st, drafters)
+        shift = a.repeat % len(methods)  # the servers' order rotates from repeat to repeat (AR included)
         records = []
-        for key, method, ddir in methods:
+        for key, method, ddir in methods[shift:] + methods[:shift]:
             recs, summary = serve_benchmark(model_path, {**method, "key": key}, reqs,
                                             concurrency=a.concurrency, temperature=0.0,
-                                            max_new_tokens=st["max_new_tokens"], repeat=0, drafter_dir=ddir,
+                                            max_new_tokens=st["max_new_tokens"], repeat=a.repeat, drafter_dir=ddir,
+                                            warmup_requests=warm, job=f"serving_benchmark c={a.concurrency} "
+                                            f"repeat {a.repeat} ({key}, output {a.out})",
                                             log_path=Path(a.out).with_suffix(f".{key}.server.log"))
             for r in recs:  # Table 4 reads throughput = tokens / wall of the whole closed loop
                 r.update(method_key=key, method_name=key, batch_decode_seconds=summary["wall_seconds"],
-                         drafter=method.get("drafter_id"))
+                         drafter=method.get("drafter_id"), server_port=summary["port"])
             records += recs
         write_records(records, a.out)
         write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
@@ -457,8 +510,9 @@ def cmd_serve_cpu(a):
         sizes[key] = probe.max_block_size
         controllers[key] = ctl
     records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops,
-                              controllers=controllers, repeats=st.get("repeats", 1),
-                              interleave=st.get("interleave", "batch"))
+                              controllers=controllers, repeat=a.repeat, repeats=1,
+                              interleave=st.get("interleave", "batch"),
+                              prefill_store=PrefillStore(int(a.prefill_store_gb * 2**30)))
     write_records(records, a.out)
     write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
 
@@ -643,11 +697,15 @@ def main(argv=None):
     p.add_argument("--features", default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--work", required=True)
-    p = add("bench", cmd_bench, "run one (benchmark, temperature): AR + every method side by side, all repeats")
+    p = add("bench", cmd_bench, "run one (benchmark, temperature[, repeat]): AR + every method side by side")
     p.add_argument("--target", required=True)
     p.add_argument("--benchmark", required=True)
     p.add_argument("--temperature", type=float, required=True)
-    p.add_argument("--repeats", type=int, required=True, help="repeats 0..N-1, one records folder each")
+    p.add_argument("--repeats", type=int, required=True, help="the configured repeat count (folders r0..rN-1)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="run this repeat only (one job per repeat); unset: every repeat not yet complete")
+    p.add_argument("--prefill-store-gb", type=float, default=2.0,
+                   help="host-memory cap of the shared first-turn prefills (benchmarks.prefill_store_gb)")
     p.add_argument("--drafter", action="append", help="name=dir of a trained drafter (repeatable)")
     p.add_argument("--out-dir", required=True)
     p.add_argument("--data-root", default=None)
@@ -713,10 +771,13 @@ def main(argv=None):
     p.add_argument("--search", required=True)
     p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--out-prefix", required=True)
-    p = add("serve-cpu", cmd_serve_cpu, "Table 4 records at one concurrency level (batched engine)")
+    p = add("serve-cpu", cmd_serve_cpu, "Table 4 records at one (concurrency level, repeat): batched engine or SGLang servers")
     p.add_argument("--target", required=True)
     p.add_argument("--drafter", action="append", required=True, help="dflash=DIR and dscout=DIR")
     p.add_argument("--concurrency", type=int, required=True)
+    p.add_argument("--repeat", type=int, default=0, help="the repeat this job runs (one job per repeat)")
+    p.add_argument("--prefill-store-gb", type=float, default=2.0,
+                   help="host-memory cap of the batched backend's shared batch prefills")
     p.add_argument("--out", required=True)
     p.add_argument("--data-root", default=None)
     p = add("table4", cmd_table4, "Table 4 from the serving records")

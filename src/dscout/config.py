@@ -34,8 +34,8 @@ STAGE_CODE = {
     "findings": ["models", "decoding", "experiments/findings.py", "analysis/findings.py", "training/blocks.py", "training/holdout.py",
                  "training/features.py", "data", "jsonl.py"],
     "findings_analysis": ["analysis"],
-    "serving": ["models", "decoding", "evaluation/serving.py", "evaluation/methods.py", "backends", "records.py",
-                "jsonl.py", "data"],
+    "serving": ["models", "decoding", "evaluation/serving.py", "evaluation/methods.py", "evaluation/prefill_store.py",
+                "backends", "records.py", "jsonl.py", "data"],
 }
 """Source files (relative to ``src/dscout``) each stage runs; their digest is a rerun trigger."""
 
@@ -548,9 +548,34 @@ def bench_stage(cfg: dict, num_target_layers: int) -> dict:
             "methods": method_specs(cfg, num_target_layers), "near_tie_epsilon": cfg["near_tie_epsilon"]}
 
 
+PER_BENCHMARK_DEFAULTS = {"num_prompts": 2, "max_new_tokens": 64}
+"""The ``benchmarks`` keys that may be set per benchmark, with the value of a benchmark a mapping leaves out."""
+
+
+def benchmark_slice(stage: dict, benchmark: str) -> dict:
+    """A bench stage (:func:`bench_stage`, :func:`sampled_bench_stage`, :func:`study_stage`) cut to one benchmark:
+    ``num_prompts`` and ``max_new_tokens`` become that benchmark's integers.
+
+    It is what one benchmark job receives (its rule parameter): changing another benchmark's prompt count or token
+    budget leaves this slice, hence this benchmark's records, as they are (issue 47, "exact slices").
+
+    Raises:
+        KeyError: if ``stage`` has no ``benchmarks`` section.
+    """
+    b = dict(stage["benchmarks"])
+    for key, default in PER_BENCHMARK_DEFAULTS.items():
+        if key in b and not isinstance(b[key], int):
+            b[key] = b[key].get(benchmark, default)
+    return {**stage, "benchmarks": b}
+
+
 def bench_id(cfg: dict, num_target_layers: int) -> str:
-    """The id of Table 3's records folder (``results/bench/<id>/``)."""
-    return f"{cfg['target']['name']}-{short_hash(bench_stage(cfg, num_target_layers))}"
+    """The id of Table 3's records folder (``results/bench/<id>/``): a hash of the bench stage without the
+    per-benchmark prompt counts and token budgets (those reach each benchmark's jobs through
+    :func:`benchmark_slice`, so a change there reruns that benchmark's jobs only)."""
+    stage = bench_stage(cfg, num_target_layers)
+    shared = {k: v for k, v in stage["benchmarks"].items() if k not in PER_BENCHMARK_DEFAULTS}
+    return f"{cfg['target']['name']}-{short_hash({**stage, 'benchmarks': shared})}"
 
 
 def accuracy_stage(cfg: dict) -> dict:
@@ -771,8 +796,18 @@ def depth_search_stage(cfg: dict, num_target_layers: int) -> dict:
             **({"options": dict(s["options"])} if s.get("options") else {})}
 
 
+def serving_pool_size(cfg: dict) -> int:
+    """Table 4's measured prompt pool: ``serving.pool_factor x max(concurrency)`` on the SGLang backend (each level's
+    closed loop sends the whole pool, so c = 32 keeps 32 requests in flight for more than one wave), the batched
+    backend's ``max(concurrency)`` (its batch at c is the pool's first c prompts)."""
+    s = cfg["serving"]
+    top = max(cfg["concurrency"])
+    return s.get("pool_factor", 4) * top if s["backend"] == "sglang" else top
+
+
 def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
-    """What Table 4's records depend on: target, drafters, prompt pool, candidates and concurrency levels."""
+    """What Table 4's records depend on: target, drafters, prompt pool, candidates and concurrency levels (not the
+    repeat count: one job per (concurrency, repeat), so more repeats add jobs and keep the finished ones)."""
     s, b, t = cfg["serving"], cfg["benchmarks"], cfg["target"]
     extra = {}
     if s.get("online"):  # only when set, so that configs without it keep their ids
@@ -791,8 +826,7 @@ def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     return {**extra, "target": target_id(cfg), "target_source": t["source"], "backend": s["backend"],
             "dflash": drafter_ids[s["dflash_drafter"]],
             "dscout": drafter_ids[s["dscout_drafter"]], "block_sizes": sorted(s["block_sizes"]),
-            "benchmarks": s["benchmarks"], "pool_size": max(cfg["concurrency"]), "max_new_tokens": s["max_new_tokens"],
-            "repeats": cfg["repeats"] if s["backend"] == "batched" else 1,
+            "benchmarks": s["benchmarks"], "pool_size": serving_pool_size(cfg), "max_new_tokens": s["max_new_tokens"],
             "seed": b["seed"], "cpu_packed_linear": b["cpu_packed_linear"],
             "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
                      "stop_tokens": t.get("stop_tokens")}}

@@ -19,8 +19,8 @@ def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) 
 
     Args:
         record_paths: Table 3 records (files or folders); the online rows (``block_size == "online"``) are used.
-        latency_paths: the ``latency-<method key>.json`` files the benchmark jobs saved (one per benchmark and
-            online row; each row's rounds are compared with its own model).
+        latency_paths: the ``r<k>/latency-<method key>.json`` files the benchmark jobs saved (one per benchmark,
+            repeat and online row; each job's rounds are compared with the model that job calibrated).
     Returns:
         ``{"rounds": n, "median_abs_error": fraction, "mean_bs": ...}`` (also written as ``<prefix>.json``).
     Raises:
@@ -31,9 +31,11 @@ def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) 
     if not recs:
         raise ValueError("no temperature-0 records of a `block_size: online` method")
     latency = {}
-    for p in latency_paths:
-        bench = Path(p).parent.parent.name  # results/bench/<id>/<benchmark>/t0/latency-<key>.json
-        latency[bench, Path(p).stem[len("latency-"):]] = LatencyModel.from_json(p)
+    for p in latency_paths:  # results/bench/<id>/<benchmark>/t0/r<k>/latency-<key>.json: one per repeat's job
+        p = Path(p)
+        repeat = int(p.parent.name[1:]) if p.parent.name[1:].isdigit() else 0
+        bench = p.parent.parent.parent.name if p.parent.name[1:].isdigit() else p.parent.parent.name
+        latency[bench, p.stem[len("latency-"):], repeat] = LatencyModel.from_json(p)
     # the generation where the controller moved most: most distinct bs chosen, then most rounds
     longest = max((r for r in recs if r["repeat"] == 0),
                   key=lambda r: (len(set(r["round_block_sizes"])), len(r["accept_lengths"])))
@@ -49,8 +51,8 @@ def write_fig_online(record_paths, latency_paths, out_prefix: str, stage: dict) 
     errors, mean_bs = [], []
     for bench in sorted({r["benchmark"] for r in recs}):
         pred, meas = [], []
-        for r in (r for r in recs if r["benchmark"] == bench and (bench, r["method_key"]) in latency):
-            model = latency[bench, r["method_key"]]  # each online row calibrated its own model
+        for r in (r for r in recs if (bench, r["method_key"], r["repeat"]) in latency and r["benchmark"] == bench):
+            model = latency[bench, r["method_key"], r["repeat"]]  # each online row of each job calibrated its own
             for bs, n, secs in zip(r["round_block_sizes"], r["accept_lengths"], r.get("round_seconds") or []):
                 pred.append(1e3 * model.round_seconds(bs, 1, committed=n))
                 meas.append(1e3 * secs)

@@ -5,17 +5,20 @@ Written against SGLang 0.5.23 (``envs/serve.yaml``; DFLASH exists since 0.5.11):
 * **Regeneration** — the offline ``sglang.Engine`` (data-parallel over the job's GPUs, ``dp_size``) fed with the
   exact chat-template token ids (Qwen3 ``enable_thinking=False``); rows in the same format as the CPU path
   (:mod:`dscout.data.responses`), written chunk by chunk so a killed job resumes.
-* **Serving benchmark** — one ``sglang.launch_server`` per method on loopback (AR: no speculative flags; DFlash /
-  DScout: ``--speculative-algorithm DFLASH --speculative-draft-model-path <drafter>
-  --speculative-num-draft-tokens <bs>``; EAGLE-3(60): ``EAGLE3`` with 7 steps, top-k 10, 60 draft tokens), a
-  ``/flush_cache`` and ``c`` warm-up requests, then a closed-loop client with ``c`` workers over the real
-  prompts. Per request SGLang reports ``completion_tokens``, ``e2e_latency``, ``spec_verify_ct`` and
+* **Serving benchmark** — one ``sglang.launch_server`` per method on loopback, each on a free port (AR: no
+  speculative flags; DFlash / DScout: ``--speculative-algorithm DFLASH --speculative-draft-model-path <drafter>
+  --speculative-num-draft-tokens <bs>``; EAGLE-3(60): ``EAGLE3`` with 7 steps, top-k 10, 60 draft tokens). Before
+  anything is sent the server's own ``/get_server_info`` (SGLang's ``ServerArgs``) must name the method's model,
+  port, algorithm, block size and drafter, so a job never measures another job's server on a shared node. Then
+  ``c`` warm-up requests (prompts outside the measured pool), a ``/flush_cache``, and a closed-loop client with
+  ``c`` workers over the measured pool. Per request SGLang reports ``completion_tokens``, ``e2e_latency``, ``spec_verify_ct`` and
   ``spec_accept_length`` (= completion tokens / verify rounds, bonus included; docs/method.md §6.3); the
   records use the project's schema so Tables 3 and 4 are computed by the same code on both paths.
 
 Nothing here runs on the CPU default; ``tests/test_serving.py`` parses every server command line with the pinned
 SGLang's own argument parser (its wheel installed without dependencies, plus what ``server_args`` imports) and
-checks the record conversion.
+checks the record conversion; ``tests/test_sglang_trust.py`` drives the serving path against a stub server on
+loopback that answers like SGLang (``tests/sglang_stub.py``).
 """
 
 from __future__ import annotations
@@ -106,21 +109,112 @@ def _post(url: str, payload: dict, timeout: float = 3600.0) -> dict:
     return r.json()
 
 
-def wait_for_server(base_url: str, proc: subprocess.Popen, timeout: float = 1800.0) -> None:
-    """Poll ``/health`` until the server answers. Raises RuntimeError if it exits or times out."""
+class ServerError(RuntimeError):
+    """A serving job's SGLang server cannot be trusted or used: its port is taken, it died, it is not the method's
+    server. The message names the job, the port and what went wrong."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on now (the OS picks it: bind to port 0).
+
+    Another process may still take it before the server binds: :func:`check_server_identity` then refuses the
+    server that answers (its port or model is not this job's).
+    """
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a process already listens on ``host:port`` (a connection is accepted)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, port)) == 0
+
+
+def expected_identity(target: str, method: dict, drafter_dir: str | None, port: int) -> dict:
+    """The fields of SGLang's ``/get_server_info`` (its ``ServerArgs``, ``python/sglang/srt/server_args.py``) that
+    must equal this method's: ``model_path``, ``port``, ``speculative_algorithm`` (None for AR, ``DFLASH`` for
+    DFlash / DScout, ``EAGLE3``), ``speculative_num_draft_tokens`` (the bs; EAGLE-3: its verify tokens) and
+    ``speculative_draft_model_path`` (the drafter), as :func:`server_command` launched it."""
+    ident = {"model_path": str(target), "port": int(port)}
+    if method["kind"] == "ar":
+        ident["speculative_algorithm"] = None
+        return ident
+    flags = server_command(target, method, port, 1, drafter_dir)
+    ident["speculative_algorithm"] = flags[flags.index("--speculative-algorithm") + 1]
+    ident["speculative_num_draft_tokens"] = int(flags[flags.index("--speculative-num-draft-tokens") + 1])
+    ident["speculative_draft_model_path"] = str(drafter_dir)
+    return ident
+
+
+def check_server_identity(info: dict, expected: dict, *, port: int, job: str) -> None:
+    """Refuse a server whose own description is not the method's.
+
+    Args:
+        info: the server's ``/get_server_info`` answer.
+        expected: :func:`expected_identity`.
+        port: the port asked (named in the error).
+        job: the serving job's label (named in the error).
+    Raises:
+        ServerError: naming the job, the port and every field that differs (``field: server says X, expected Y``).
+    """
+    def norm(key, value):
+        if key == "speculative_algorithm" and isinstance(value, str) and value.upper() in ("", "NONE"):
+            return None
+        if key in ("speculative_num_draft_tokens", "port") and value is not None:
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return value
+        if key in ("model_path", "speculative_draft_model_path") and isinstance(value, str):
+            return os.path.normpath(value)
+        return value
+
+    wrong = [f"{k}: server says {info.get(k)!r}, expected {v!r}" for k, v in expected.items()
+             if norm(k, info.get(k, "<missing>")) != norm(k, v)]
+    if wrong:
+        raise ServerError(f"{job}: the server on port {port} is not this method's server ("
+                          + "; ".join(wrong) + "): refusing to measure it")
+
+
+def wait_for_server(base_url: str, proc: subprocess.Popen, timeout: float = 1800.0, job: str = "serving",
+                    log_path: str | os.PathLike | None = None) -> None:
+    """Poll ``/health`` until the server answers.
+
+    Raises:
+        ServerError: naming the job, the URL and the server log, if the server process exits first (a port taken
+            meanwhile, an out-of-memory) or is not healthy after ``timeout`` seconds.
+    """
     import requests
 
+    where = f" (server log: {log_path})" if log_path else ""
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"sglang server exited with code {proc.returncode} before becoming healthy")
+            raise ServerError(f"{job}: the sglang server for {base_url} exited with code {proc.returncode} before "
+                              f"becoming healthy{where}")
         try:
             if requests.get(base_url + "/health", timeout=5).status_code == 200:
                 return
         except requests.RequestException:
             pass
-        time.sleep(5)
-    raise RuntimeError(f"sglang server at {base_url} not healthy after {timeout:.0f} s")
+        time.sleep(min(5.0, max(0.05, timeout / 300)))
+    raise ServerError(f"{job}: the sglang server at {base_url} is not healthy after {timeout:.0f} s{where}")
+
+
+def server_info(base_url: str, timeout: float = 30.0) -> dict:
+    """The server's own description: SGLang's ``GET /get_server_info`` (its ``ServerArgs`` as a dict, plus the
+    scheduler's info, ``internal_states`` and ``version``)."""
+    import requests
+
+    r = requests.get(base_url + "/get_server_info", timeout=timeout)
+    r.raise_for_status()
+    return r.json()
 
 
 def record_from_response(resp: dict, *, benchmark: str, prompt_id: str, turn: int, method: dict, temperature: float,
@@ -171,39 +265,77 @@ def closed_loop(base_url: str, requests_: list[dict], concurrency: int, sampling
 
 
 def serve_benchmark(target: str, method: dict, requests_: list[dict], *, concurrency: int, temperature: float,
-                    max_new_tokens: int, repeat: int, drafter_dir: str | None, port: int = 30000,
-                    log_path: str | os.PathLike | None = None) -> tuple[list[dict], dict]:
-    """Launch the method's server, warm up, flush, run the closed loop; return records and the run summary.
+                    max_new_tokens: int, repeat: int, drafter_dir: str | None, port: int | None = None,
+                    log_path: str | os.PathLike | None = None, warmup_requests: list[dict] | None = None,
+                    job: str | None = None, health_timeout: float = 1800.0,
+                    launch=None) -> tuple[list[dict], dict]:
+    """Launch the method's server on a free port, check it is the method's, warm up, flush, run the closed loop;
+    return records and the run summary.
 
-    ``requests_`` items: ``{"benchmark", "prompt_id", "turn", "input_ids"}`` (chat-templated ids).
+    ``requests_`` items: ``{"benchmark", "prompt_id", "turn", "input_ids"}`` (chat-templated ids), all measured.
+    ``warmup_requests`` (same shape; default: none) run first at the same concurrency and are never measured: the
+    caller passes prompts outside the measured pool. Before anything is sent, the server's ``/get_server_info``
+    must name this job's model, port, speculative algorithm, block size and drafter (:func:`check_server_identity`):
+    two serving jobs on one node each get their own port, and a server of another job is refused, not measured.
     The summary holds the output-token throughput (``completion tokens / wall time``), which Table 4 divides
-    by the AR server's at the same concurrency.
+    by the AR server's at the same concurrency and repeat.
+
+    Args:
+        port: None = a free one (:func:`free_port`); a given port must be free.
+        job: label of the serving job in errors (default: method key and concurrency).
+        launch: ``(command, log file, env) -> subprocess.Popen`` (tests start a stub server); default Popen.
+    Raises:
+        ServerError: naming the job and the port: the port is in use, the server exits (or is unhealthy) before
+            or during the warm-up, or it is not the method's server.
     """
+    key = method.get("key", method["kind"])
+    job = job or f"serving {key} at c={concurrency}, repeat {repeat}"
+    if port is None:
+        port = free_port()
+    elif port_in_use(port):
+        raise ServerError(f"{job}: port {port} is in use by another process: pick another (or none: a free one)")
     base = f"http://127.0.0.1:{port}"
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
     env = {**os.environ, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-    proc = subprocess.Popen(server_command(target, method, port, concurrency, drafter_dir), stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
+    cmd = server_command(target, method, port, concurrency, drafter_dir)
+    proc = (launch or (lambda c, out, e: subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT, env=e)))(
+        cmd, log, env)
     sampling = {"temperature": temperature, "max_new_tokens": max_new_tokens}
     if temperature == 0:
         sampling["top_k"] = 1
     try:
-        wait_for_server(base, proc)
-        closed_loop(base, requests_[:concurrency], concurrency, sampling)  # warm-up, not counted
-        _post(base + "/flush_cache", {})
-        t0 = time.perf_counter()
-        results = closed_loop(base, requests_, concurrency, sampling)
-        wall = time.perf_counter() - t0
+        wait_for_server(base, proc, timeout=health_timeout, job=job, log_path=log_path)
+        check_server_identity(server_info(base), expected_identity(target, method, drafter_dir, port), port=port,
+                              job=job)
+        def failed(phase, err):
+            state = f"exited with code {proc.poll()}" if proc.poll() is not None else "failed"
+            return ServerError(f"{job}: the server on port {port} {state} during the {phase}: {err}"
+                               + (f" (server log: {log_path})" if log_path else ""))
+
+        if warmup_requests:
+            try:  # warm-up, not counted
+                closed_loop(base, warmup_requests, concurrency, sampling)
+            except Exception as err:
+                raise failed("warm-up", err) from err
+        try:
+            _post(base + "/flush_cache", {})
+            t0 = time.perf_counter()
+            results = closed_loop(base, requests_, concurrency, sampling)
+            wall = time.perf_counter() - t0
+        except Exception as err:
+            raise failed("measured closed loop", err) from err
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if log is not subprocess.DEVNULL:
+            log.close()
     records = [record_from_response(resp, benchmark=req["benchmark"], prompt_id=req["prompt_id"],
                                     turn=req.get("turn", 0), method=method, temperature=temperature,
                                     repeat=repeat, concurrency=concurrency, wall_seconds=secs)
                for req, resp, secs in results]
     tokens = sum(r["new_tokens"] for r in records)
     return records, {"wall_seconds": wall, "completion_tokens": tokens, "throughput_tok_s": tokens / wall,
-                     "concurrency": concurrency, "method": method.get("key", method["kind"])}
+                     "concurrency": concurrency, "method": key, "port": port}

@@ -119,7 +119,8 @@ class SpeculativeEngine:
                 controller: the largest bs it may pick.
             temperature: 0 = greedy; > 0 = lossless sampling.
             seed: seed of this request's sampling RNG.
-            prefill_store: optional dict shared by engines of the same target (benchmark repeats and methods):
+            prefill_store: optional store shared by engines of the same target (a benchmark job's methods): a
+                dict, or the byte-capped host-memory :class:`dscout.evaluation.prefill_store.PrefillStore`;
                 the target's prefill of a prompt (KV cache, last logits, taps of this engine's layers) is
                 computed once per ``(prompt, layers)`` and deep-copied on later calls, so a benchmark does not
                 recompute identical prompt forwards. Decoding is unchanged (same tensors); the result's

@@ -124,9 +124,10 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
         repeat: repeat index (sampling seeds depend on it).
         chat: ``{"system_prompt", "enable_thinking"}``.
         near_tie_epsilon: see :func:`near_tie`.
-        prefill_store: shared across repeats: each identical prompt prefill (per tapped layer set) is computed
-            once (:meth:`SpeculativeEngine.generate`); records say ``prefill_reused``. Decode timings and
-            outputs are unaffected.
+        prefill_store: shared across the methods (a :class:`~dscout.evaluation.prefill_store.PrefillStore` on host
+            memory with a byte cap, or a dict): each identical first-turn prompt prefill (per tapped layer set) is
+            computed once (:meth:`SpeculativeEngine.generate`); later turns never use it. Records say
+            ``prefill_reused``. Decode timings and outputs are unaffected.
     Raises:
         ValueError: if no AR method is given.
     """
@@ -156,8 +157,9 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
                 msgs = history[m.key] + [{"role": "user", "content": user_text}]
                 ids = chat_prompt_ids(tok, msgs, chat.get("system_prompt"), chat.get("enable_thinking"))
                 seed = _seed(benchmark, item.prompt_id, turn, repeat)
+                # first turns only: a later turn's context holds the method's own answer, shared with nobody
                 r = m.engine.generate(ids, max_new_tokens, block_size=m.max_block_size, temperature=temperature,
-                                      seed=seed, prefill_store=prefill_store)
+                                      seed=seed, prefill_store=prefill_store if turn == 0 else None)
                 online = controller_fields(r.block_sizes, r.controller_seconds, r.draft_seconds, r.verify_seconds,
                                            m.max_block_size)
                 text = tok.decode(r.output_ids, skip_special_tokens=True)

@@ -81,7 +81,8 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
     records = []
     bar = tqdm(total=repeats * len(keys), desc=f"serving c={concurrency}", unit="batch", mininterval=5.0)
     for r in range(repeats):
-        order = keys[r % len(keys):] + keys[: r % len(keys)]
+        shift = (repeat + r) % len(keys)  # by the absolute repeat: one job per repeat rotates too
+        order = keys[shift:] + keys[:shift]
         if interleave == "round":
             outs = _lockstep({key: engines[key].steps(batch_prompts, max_new_tokens, block_sizes.get(key, 1),
                                                       prefill_store=prefills) for key in order})

@@ -95,7 +95,7 @@ class _OnlineSource:
 def bench_record_sequences(target, bench_dir, data_root) -> dict[str, list[dict]]:
     """Prompt + AR output of every temperature-0 prompt (and turn) of a benchmark run, as training-style sequences.
 
-    ``bench_dir`` is ``results/bench/<id>``: each ``<benchmark>/t0`` gives the prompts (its ``config.resolved.json``:
+    ``bench_dir`` is ``results/bench/<id>``: each ``<benchmark>/t0`` gives the prompts (``r0/config.resolved.json``:
     counts, seed, chat settings) and ``r0/ar.jsonl`` the AR outputs. A later turn sees the earlier turns' decoded
     answers, as in :func:`dscout.evaluation.runner.run_benchmark`.
 
@@ -111,7 +111,9 @@ def bench_record_sequences(target, bench_dir, data_root) -> dict[str, list[dict]
     tok = target.tokenizer
     out = {}
     for t0 in sorted(Path(bench_dir).glob("*/t0")):
-        stage = json.loads((t0 / "config.resolved.json").read_text())["stage_config"]
+        resolved = t0 / "r0" / "config.resolved.json"  # one job per repeat; older runs kept it in t0/
+        resolved = resolved if resolved.exists() else t0 / "config.resolved.json"
+        stage = json.loads(resolved.read_text())["stage_config"]
         bench, b, chat = t0.parent.name, stage["benchmarks"], stage["chat"]
         prompts = stage_prompts(b, bench, data_root)
         path = t0 / "r0" / "ar.jsonl"
