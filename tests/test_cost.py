@@ -53,12 +53,12 @@ def test_smoke_bill_matches_hand_computed_numbers():
     feats = [r for r in b.rows if r.rule == "target_features"]
     two = [r for r in feats if r.note.startswith("2 taps")]
     assert len(feats) == 3 and two and two[0].disk_bytes == pytest.approx(12 * 138 * 393)
-    # benchmarks: 1 prompt x 12 tokens x bench_fill 0.5 (MT-Bench: two turns), AR + 7 methods, 2 repeats
+    # benchmarks: 1 prompt x 12 tokens x bench_fill 0.5 (MT-Bench: two turns), AR + 7 methods; one job per repeat
     gsm = _row(b, "benchmark", "gsm8k")
-    assert gsm.repeat_seconds == pytest.approx(6 * (0.02 + 7 * 0.015)) and gsm.wall_seconds == pytest.approx(1.5)
-    assert _row(b, "benchmark", "mt_bench").wall_seconds == pytest.approx(3.0)
+    assert gsm.jobs == 2 and gsm.wall_seconds == pytest.approx(6 * (0.02 + 7 * 0.015)) == gsm.repeat_seconds
+    assert _row(b, "benchmark", "mt_bench").wall_seconds == pytest.approx(1.5)
     assert b.gpu_hours == 0 and not cost.problems(b)  # a CPU run: no GPU, no runtime limit
-    assert "| **total** | 15 |" in cost.render(b)
+    assert "| **total** | 21 |" in cost.render(b)  # 1 + 1 + 4 drafters + 3 caches + 6 benchmarks x 2 repeats
 
 
 def test_constants_are_overridable_and_unknown_ones_are_errors():

@@ -349,7 +349,7 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
             disk=train_tokens * per_token, host=target_bytes, flops=flops,
             note=f"{len(layer_set)} taps, {per_token / 1e3:,.0f} KB per token")
 
-    # benchmarks: AR + every method per (benchmark, temperature) job, all repeats
+    # benchmarks: AR + every method side by side, one job per (benchmark, temperature, repeat)
     b = config["benchmarks"]
     methods = config["methods"]
     repeats = int(config["repeats"])
@@ -362,7 +362,7 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
         for name in b["names"]:
             tok = _bench_tokens(b["num_prompts"], max_new, [name]) * c["bench_fill"]
             rep = tok * (c["ar_seconds_per_token"] + len(ms) * c["spec_seconds_per_token"])
-            add(rule, 1, gpu1, rep * repeats, repeat=rep, host=target_bytes, note=f"{name}, T = {temp:g}")
+            add(rule, repeats, gpu1, rep, repeat=rep, host=target_bytes, note=f"{name}, T = {temp:g}")
     s = config.get("study", {})
     if s.get("enabled"):
         n_methods = len(dcfg.study_drafters(config))
@@ -373,12 +373,12 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
     sv = config.get("serving", {})
     if sv.get("enabled"):
         n_methods = 1 + 1 + len(sv["block_sizes"]) + (1 if sv.get("eagle3_drafter") else 0)
-        pool = max(config["concurrency"])
+        # one job per (concurrency, repeat); SGLang measures a pool of pool_factor x max(concurrency) prompts
+        pool = max(config["concurrency"]) * (int(sv.get("pool_factor", 4)) if sv["backend"] == "sglang" else 1)
         for conc in config["concurrency"]:
             tok = pool * len(sv["benchmarks"]) * sv["max_new_tokens"] * n_methods * c["bench_fill"]
-            reps = repeats if sv["backend"] == "batched" else 1
             rep = tok * c["serving_seconds_per_token"] / conc + n_methods * c["server_startup_seconds"]
-            add("serving_benchmark", 1, gpu1, rep * reps, repeat=rep, host=target_bytes, note=f"c = {conc}")
+            add("serving_benchmark", repeats, gpu1, rep, repeat=rep, host=target_bytes, note=f"c = {conc}")
     rows = _with_gpu_memory(rows, config, project_dir)
     return Bill(rows, C, (config.get("cluster") or {}).get("disk_budget_gb"), device)
 
