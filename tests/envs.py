@@ -104,10 +104,13 @@ def provided_modules(name: str) -> set[str]:
     return {mod for dist, mod in MODULES.items() if _norm(dist) in have}
 
 
-def rule_envs(configfiles: list[str], cwd: Path = ROOT) -> dict[str, list[str]]:
-    """CLI subcommand -> env names of the rules that run it, for the config made of ``configfiles``."""
-    from tests.workflow import snakemake_env  # (workflow imports this module)
+def rule_envs(configfiles: list[str], cwd: Path | None = None) -> dict[str, list[str]]:
+    """CLI subcommand -> env names of the rules that run it, for the config made of ``configfiles``, loading the
+    workflow in ``cwd`` (default: the throwaway plan copy: Snakemake writes its log where it runs, never in the
+    checkout)."""
+    from tests.workflow import plan_copy, snakemake_env  # (workflow imports this module)
 
+    cwd = plan_copy() if cwd is None else cwd
     # loading the workflow runs its plan check: in a copy of the project the data mirror is this checkout's
     r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "rule-envs", *configfiles], cwd=cwd,
                        capture_output=True, text=True, timeout=300, env=snakemake_env())
@@ -116,7 +119,7 @@ def rule_envs(configfiles: list[str], cwd: Path = ROOT) -> dict[str, list[str]]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def guard_mapping(configfiles: list[str], cwd: Path = ROOT) -> dict[str, dict]:
+def guard_mapping(configfiles: list[str], cwd: Path | None = None) -> dict[str, dict]:
     """``{subcommand: {"env": ..., "blocked": [modules the env lacks]}}`` for ``DSCOUT_IMPORT_GUARD``."""
     out = {}
     for sub, envs in rule_envs(configfiles, cwd).items():
