@@ -116,6 +116,12 @@ class BatchedReplay:
     def end_round(self):
         self.group.end_round()
 
+    def select(self, rows):
+        """Keep batch rows ``rows`` (``[n]`` long, ascending) as the engine compacts finished requests away: the
+        drafter group and the per-row references are cut alike, so row ``j`` keeps replaying its own reference."""
+        self.group.select(rows)
+        self.rows = [self.rows[i] for i in rows.tolist()]
+
     def propose(self, last_tokens, positions, num_drafts, temperature=0.0, generator=None):
         from dscout.decoding.proposers import Draft
 
