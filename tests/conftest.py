@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ torch.set_num_threads(1)  # tiny models: threading costs more than it gives
 # test at a time, fill in around them. (xdist's own `--dist loadgroup` cannot do this with pytest 9: it renames
 # nodeids through an attribute pytest 9 no longer reads, so every test became its own group.)
 END_TO_END_GROUPS = {"test_pipeline.py": "smoke", "test_distributed_training.py": "smoke", "test_slurm.py": "smoke",
-                     "test_upstream.py": "smoke", "test_paper_mini.py": "paper_mini"}
+                     "test_upstream.py": "smoke", "test_vllm.py": "smoke", "test_paper_mini.py": "paper_mini"}
 HEAVY_FIXTURES = {"smoke_run": "smoke", "slurm_run": "smoke", "local_slurm": "smoke", "runs": "smoke",
                   "full_vocab_run": "smoke", "smoke_artifacts_run": "smoke", "paper_mini_run": "paper_mini"}
 
@@ -143,3 +144,33 @@ def smoke_run(tmp_path_factory):
     # right away (before the artifacts extension adds temperature-1 records): a second run schedules nothing
     r.second_run = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)
     return work, r
+
+
+FULL_VOCAB_DRAFTERS = """\
+drafters:   # the smoke preset's DFlash and DScout drafters with the target's whole vocabulary as draft head
+  dflash_fv: {recipe: dflash, num_layers: 1, num_taps: 2, init_from_target: true, options: {norm_init: ones},
+              training: {max_steps: 300}}
+  dscout_fv: {recipe: dscout, num_layers: 1, num_taps: 2, init_from_target: true, options: {norm_init: ones},
+              training: {max_steps: 300}}
+methods:
+  - {name: DFlash-fv(16), kind: dflash, drafter: dflash_fv, block_size: 16}
+  - {name: DScout-fv(16), kind: dscout, drafter: dscout_fv, block_size: 16}
+benchmarks: {sampled_methods: null}
+"""
+
+
+@pytest.fixture(scope="session")
+def full_vocab_run(smoke_run, tmp_path_factory):
+    """The smoke run plus a DFlash- and a DScout-recipe drafter with a full-vocabulary head, trained by the
+    pipeline (300 steps each, ~30 s) in a copy of it."""
+    work = tmp_path_factory.mktemp("fullvocab") / "work"
+    shutil.copytree(smoke_run[0], work, symlinks=True)
+    (work / "fullvocab.yaml").write_text(FULL_VOCAB_DRAFTERS)
+    from dscout import config as dcfg
+
+    cfg = dcfg.load_config(work / "config.yaml", work / "presets" / "smoke.yaml", work / "fullvocab.yaml")
+    L = cfg["target"]["num_layers"]
+    dirs = {n: work / "results" / "drafters" / dcfg.drafter_id(cfg, n, L) for n in ("dflash_fv", "dscout_fv")}
+    snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", "fullvocab.yaml", "--",
+              *[str(d.relative_to(work) / "training_summary.json") for d in dirs.values()], cwd=work)
+    return work, dirs

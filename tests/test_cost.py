@@ -33,8 +33,8 @@ def test_smoke_bill_matches_hand_computed_numbers():
     assert b.device == "cpu"  # smoke: target.device auto -> the CPU constants
     c = {k: v for k, (v, _) in b.constants.items()}
     assert (c["peak_flops"], c["generate_mfu"], c["train_mfu"]) == (5e10, 0.1, 0.2)
-    # tiny-random:4 = 4 layers, D 64, I 128, 4 heads, 2 KV heads, head dim 16, vocab 49152:
-    # a layer = 64*16*(2*4 + 2*2) + 3*64*128 = 12,288 + 24,576 = 36,864; matmuls = 4*36,864 + 49,152*64 = 3,293,184
+    # tiny-random:4:32 = 4 layers, D 64, I 128, 2 heads, 1 KV head, head dim 32, vocab 49152:
+    # a layer = 64*32*(2*2 + 2*1) + 3*64*128 = 12,288 + 24,576 = 36,864; matmuls = 4*36,864 + 49,152*64 = 3,293,184
     shape = cost.target_shape(_cfg("smoke.yaml"), ROOT)
     assert shape.layer_params == 36_864 and shape.matmul_params == 3_293_184
     # 12 responses of 128 + 0.25*40 = 138 tokens (below max_length 192)

@@ -9,7 +9,6 @@ upstream is changed. Its drafter logits are read by wrapping the loaded model's 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from types import SimpleNamespace
 
@@ -23,19 +22,7 @@ from dscout.models.export import (check_dflash_checkpoint, drafter_for_target, e
 from dscout.models.pretrained import import_pretrained_drafter
 from tests import upstream
 from tests.conftest import tiny_drafter, tiny_target
-from tests.workflow import snakemake
 
-FULL_VOCAB_DRAFTERS = """\
-drafters:   # the smoke preset's DFlash and DScout drafters with the target's whole vocabulary as draft head
-  dflash_fv: {recipe: dflash, num_layers: 1, num_taps: 2, init_from_target: true, options: {norm_init: ones},
-              training: {max_steps: 300}}
-  dscout_fv: {recipe: dscout, num_layers: 1, num_taps: 2, init_from_target: true, options: {norm_init: ones},
-              training: {max_steps: 300}}
-methods:
-  - {name: DFlash-fv(16), kind: dflash, drafter: dflash_fv, block_size: 16}
-  - {name: DScout-fv(16), kind: dscout, drafter: dscout_fv, block_size: 16}
-benchmarks: {sampled_methods: null}
-"""
 
 
 @pytest.fixture
@@ -100,23 +87,6 @@ def _compare(dm, target, drafter, model, prompts, max_new=40, block_sizes=(4, 8,
 
 
 # ------------------------------------------------------------------------------ ours -> upstream
-@pytest.fixture(scope="module")
-def full_vocab_run(smoke_run, tmp_path_factory):
-    """The smoke run plus a DFlash- and a DScout-recipe drafter with a full-vocabulary head, trained by the
-    pipeline (300 steps each, ~30 s) in a copy of it."""
-    work = tmp_path_factory.mktemp("fullvocab") / "work"
-    shutil.copytree(smoke_run[0], work, symlinks=True)
-    (work / "fullvocab.yaml").write_text(FULL_VOCAB_DRAFTERS)
-    from dscout import config as dcfg
-
-    cfg = dcfg.load_config(work / "config.yaml", work / "presets" / "smoke.yaml", work / "fullvocab.yaml")
-    L = cfg["target"]["num_layers"]
-    dirs = {n: work / "results" / "drafters" / dcfg.drafter_id(cfg, n, L) for n in ("dflash_fv", "dscout_fv")}
-    snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", "fullvocab.yaml", "--",
-              *[str(d.relative_to(work) / "training_summary.json") for d in dirs.values()], cwd=work)
-    return work, dirs
-
-
 def _smoke_target_and_prompts(work):
     from dscout.models.target import TargetModel
 

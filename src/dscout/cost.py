@@ -180,6 +180,10 @@ def target_shape(config: dict, project_dir: str | Path | None = None) -> Shape:
         layers, *rest = KNOWN_SHAPES[base]
         if layers is None:
             layers = int(src.split(":")[1]) if ":" in src else int(t["num_layers"])
+        if base == "tiny-random":
+            from .data.models import tiny_random_attention
+
+            rest[2:5] = tiny_random_attention(src)
         return Shape(layers, *rest)
     folder = Path(src) if Path(src).is_absolute() else Path(project_dir or ".") / src
     if (folder / "config.json").is_file():

@@ -28,10 +28,14 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tqdm import tqdm
+
+from .server import ServerError, free_port, port_in_use, stop_server, wait_for_server  # noqa: F401 (re-exported)
+from .server import closed_loop as _closed_loop
+from .server import get_json
+from .server import post_json as _post
 
 
 # ------------------------------------------------------------------------------------------- regeneration
@@ -101,39 +105,10 @@ def server_command(target: str, method: dict, port: int, concurrency: int, draft
     return cmd
 
 
-def _post(url: str, payload: dict, timeout: float = 3600.0) -> dict:
-    import requests
-
-    r = requests.post(url, json=payload, timeout=timeout)
-    r.raise_for_status()
-    return r.json()
-
-
-class ServerError(RuntimeError):
-    """A serving job's SGLang server cannot be trusted or used: its port is taken, it died, it is not the method's
-    server. The message names the job, the port and what went wrong."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on now (the OS picks it: bind to port 0).
-
-    Another process may still take it before the server binds: :func:`check_server_identity` then refuses the
-    server that answers (its port or model is not this job's).
-    """
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a process already listens on ``host:port`` (a connection is accepted)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex((host, port)) == 0
+def closed_loop(base_url: str, requests_: list[dict], concurrency: int, sampling: dict) -> list[tuple[dict, dict, float]]:
+    """Send every request to SGLang's native ``/generate`` with ``concurrency`` workers (:func:`server.closed_loop`)."""
+    return _closed_loop(lambda req: _post(base_url + "/generate", {"input_ids": req["input_ids"],
+                                                            "sampling_params": sampling}), requests_, concurrency)
 
 
 def expected_identity(target: str, method: dict, drafter_dir: str | None, port: int) -> dict:
@@ -182,39 +157,10 @@ def check_server_identity(info: dict, expected: dict, *, port: int, job: str) ->
                           + "; ".join(wrong) + "): refusing to measure it")
 
 
-def wait_for_server(base_url: str, proc: subprocess.Popen, timeout: float = 1800.0, job: str = "serving",
-                    log_path: str | os.PathLike | None = None) -> None:
-    """Poll ``/health`` until the server answers.
-
-    Raises:
-        ServerError: naming the job, the URL and the server log, if the server process exits first (a port taken
-            meanwhile, an out-of-memory) or is not healthy after ``timeout`` seconds.
-    """
-    import requests
-
-    where = f" (server log: {log_path})" if log_path else ""
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise ServerError(f"{job}: the sglang server for {base_url} exited with code {proc.returncode} before "
-                              f"becoming healthy{where}")
-        try:
-            if requests.get(base_url + "/health", timeout=5).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(min(5.0, max(0.05, timeout / 300)))
-    raise ServerError(f"{job}: the sglang server at {base_url} is not healthy after {timeout:.0f} s{where}")
-
-
 def server_info(base_url: str, timeout: float = 30.0) -> dict:
     """The server's own description: SGLang's ``GET /get_server_info`` (its ``ServerArgs`` as a dict, plus the
     scheduler's info, ``internal_states`` and ``version``)."""
-    import requests
-
-    r = requests.get(base_url + "/get_server_info", timeout=timeout)
-    r.raise_for_status()
-    return r.json()
+    return get_json(base_url + "/get_server_info", timeout=timeout)
 
 
 def record_from_response(resp: dict, *, benchmark: str, prompt_id: str, turn: int, method: dict, temperature: float,
@@ -250,18 +196,6 @@ def record_from_response(resp: dict, *, benchmark: str, prompt_id: str, turn: in
         output_ids=resp.get("output_ids", []), output_text=resp.get("text", ""), runtime="sglang",
         wall_seconds=wall_seconds, accept_lengths_exact=exact, spec_accept_length=meta.get("spec_accept_length"),
         spec_verify_ct=verify)
-
-
-def closed_loop(base_url: str, requests_: list[dict], concurrency: int, sampling: dict) -> list[tuple[dict, dict, float]]:
-    """Send every request with ``concurrency`` workers (a new one starts when one finishes)."""
-
-    def one(req):
-        t0 = time.perf_counter()
-        resp = _post(base_url + "/generate", {"input_ids": req["input_ids"], "sampling_params": sampling})
-        return req, resp, time.perf_counter() - t0
-
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return list(pool.map(one, requests_))
 
 
 def serve_benchmark(target: str, method: dict, requests_: list[dict], *, concurrency: int, temperature: float,
@@ -304,7 +238,7 @@ def serve_benchmark(target: str, method: dict, requests_: list[dict], *, concurr
     if temperature == 0:
         sampling["top_k"] = 1
     try:
-        wait_for_server(base, proc, timeout=health_timeout, job=job, log_path=log_path)
+        wait_for_server(base, proc, timeout=health_timeout, job=job, log_path=log_path, runtime="sglang")
         check_server_identity(server_info(base), expected_identity(target, method, drafter_dir, port), port=port,
                               job=job)
         def failed(phase, err):
@@ -325,13 +259,7 @@ def serve_benchmark(target: str, method: dict, requests_: list[dict], *, concurr
         except Exception as err:
             raise failed("measured closed loop", err) from err
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if log is not subprocess.DEVNULL:
-            log.close()
+        stop_server(proc, log)
     records = [record_from_response(resp, benchmark=req["benchmark"], prompt_id=req["prompt_id"],
                                     turn=req.get("turn", 0), method=method, temperature=temperature,
                                     repeat=repeat, concurrency=concurrency, wall_seconds=secs)

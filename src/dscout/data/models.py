@@ -14,6 +14,24 @@ import os
 from pathlib import Path
 
 
+def tiny_random_attention(source: str) -> tuple[int, int, int]:
+    """``(heads, kv_heads, head_dim)`` of a ``tiny-random[:layers[:head_dim]]`` target (64 wide).
+
+    ``head_dim`` defaults to 16 (4 query heads, 2 KV heads: the smoke target since its start); 32 or 64 give
+    64 // head_dim query heads and half as many KV heads (at least 1). vLLM's CPU attention needs a head size that
+    is a multiple of 32, hence the option (the smoke preset's ``tiny-random:4:32``).
+
+    Raises:
+        ValueError: naming the source when ``head_dim`` does not divide 64 or is not a power of two >= 16.
+    """
+    parts = str(source).split(":")
+    head_dim = int(parts[2]) if len(parts) > 2 and parts[2] else 16
+    if head_dim not in (16, 32, 64):
+        raise ValueError(f"target source '{source}': head_dim must be 16, 32 or 64 (the tiny target is 64 wide)")
+    heads = 64 // head_dim
+    return heads, max(1, heads // 2), head_dim
+
+
 def is_hub_id(source: str | None) -> bool:
     """Whether ``source`` is a hub repository id (``org/name``), not a local folder or a project source
     (``gguf:``, ``tiny-random``, ``tiny-qwen3``, ``results/published/...``)."""

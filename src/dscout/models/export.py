@@ -166,10 +166,75 @@ def export_dflash(drafter: DFlashDrafter | str | os.PathLike, out_dir: str | os.
         drafter = load_dflash_checkpoint(drafter)
     problems = dflash_format_problems(drafter.config)
     if problems:
+        hint = (" (a reduced draft vocabulary has vLLM's variant of the format: export_vllm_dflash)"
+                if drafter.config.draft_vocab_size is not None else "")
         raise ValueError("this drafter has no DFlash checkpoint format (upstream runtimes would load it and draft "
-                         "differently): " + "; ".join(problems))
+                         "differently): " + "; ".join(problems) + hint)
     name = str(dtype).replace("torch.", "")
     return _write(drafter, Path(out_dir), dtype, "model.safetensors", dflash_config_dict(drafter.config, name))
+
+
+VLLM_FORMAT = "vllm-dflash-draft-vocab"
+"""``dscout.format`` of a checkpoint in vLLM's reduced-vocabulary DFlash variant (:func:`export_vllm_dflash`)."""
+
+
+def vllm_format_problems(cfg: DFlashDrafterConfig) -> list[str]:
+    """Why a drafter has no checkpoint that vLLM's DFlash (``qwen3_dflash.py``) drafts with exactly as our engine
+    does: :func:`dflash_format_problems` less the reduced vocabulary, which vLLM reads (``draft_vocab_size``,
+    its own ``lm_head`` rows and a ``d2t`` offset map, as for EAGLE-3)."""
+    return [p for p in dflash_format_problems(cfg) if not p.startswith("draft_vocab_size=")]
+
+
+def export_vllm_dflash(drafter: DFlashDrafter | str | os.PathLike, out_dir: str | os.PathLike, target=None,
+                       dtype: torch.dtype = torch.float32) -> Path:
+    """Write a drafter in the layout vLLM's DFlash loader reads (``vllm/model_executor/models/qwen3_dflash.py``).
+
+    A full-vocabulary drafter is written exactly as :func:`export_dflash` (vLLM, SGLang and z-lab read it alike).
+    A reduced draft vocabulary (``draft_vocab_size = V_d``, the CPU default's drafters) becomes vLLM's own variant:
+    ``config.json`` gains ``draft_vocab_size``, and ``model.safetensors`` gains ``lm_head.weight`` ``[V_d, D]`` (the
+    target's LM-head rows of the drafted tokens, frozen as in training) and ``d2t`` ``[V_d]`` (target id minus
+    draft index, EAGLE-3's offset convention: vLLM scatters draft logit ``i`` to target id ``i + d2t[i]``). SGLang
+    and z-lab's loader have no such variant (they would draft over the whole vocabulary with the target's head):
+    ``dscout.format`` names it (:data:`VLLM_FORMAT`) and :func:`check_dflash_checkpoint` refuses it for them.
+
+    Args:
+        drafter: a :class:`DFlashDrafter` (attached to its target when its vocabulary is reduced) or a checkpoint
+            folder (then ``target`` is needed for a reduced vocabulary).
+        target: the :class:`~dscout.models.target.TargetModel` whose head rows a reduced vocabulary uses.
+        dtype: stored dtype (float32 by default: the CPU runtime's, for token-exact comparisons).
+    Raises:
+        ValueError: naming every :func:`vllm_format_problems` entry, or a reduced vocabulary without a target.
+    """
+    if not isinstance(drafter, DFlashDrafter):
+        drafter = load_dflash_checkpoint(drafter)
+        if target is not None:
+            drafter = drafter.to(target.dtype).attach_target(target)
+    cfg = drafter.config
+    problems = vllm_format_problems(cfg)
+    if problems:
+        raise ValueError("this drafter has no vLLM DFlash checkpoint (vLLM would load it and draft differently): "
+                         + "; ".join(problems))
+    if cfg.draft_vocab_size is None:
+        return export_dflash(drafter, out_dir, dtype)
+    try:
+        head, bias = drafter.head_rows()
+    except RuntimeError as err:
+        raise ValueError("a reduced draft vocabulary is exported with the target's LM-head rows: attach the target "
+                         "(drafter.attach_target) or pass target=") from err
+    if bias is not None:
+        raise ValueError("the target's LM head has a bias; vLLM's DFlash head has none")
+    ids = drafter.draft_token_ids.detach().cpu().long()
+    name = str(dtype).replace("torch.", "")
+    config = dflash_config_dict(cfg, name)
+    config["draft_vocab_size"] = cfg.draft_vocab_size
+    config["dscout"]["format"] = VLLM_FORMAT
+    out = Path(out_dir)
+    _write(drafter, out, dtype, "model.safetensors", config)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in drafter.state_dict().items() if k != "draft_token_ids"}
+    state["lm_head.weight"] = head.detach().to(dtype).cpu().contiguous()
+    state["d2t"] = (ids - torch.arange(cfg.draft_vocab_size)).contiguous()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 def save_drafter(drafter: DFlashDrafter, out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> Path:
@@ -198,6 +263,10 @@ def check_dflash_checkpoint(path: str | os.PathLike, for_sglang: bool = True) ->
         if k not in cfg:
             problems.append(f"config.json lacks '{k}'")
     arch = (cfg.get("architectures") or [None])[0]
+    if (cfg.get("dscout") or {}).get("format") == VLLM_FORMAT:
+        problems.append(f"vLLM's reduced-vocabulary DFlash variant ({VLLM_FORMAT}: draft_vocab_size "
+                        f"{cfg.get('draft_vocab_size')} with lm_head rows and d2t): SGLang, z-lab's loader and ours "
+                        "would draft over the whole vocabulary; serve it with vLLM, or load the drafter's own folder")
     if arch == OWN_ARCHITECTURE and for_sglang:
         problems.append("saved in dscout's own layout, not the DFlash format: "
                         + "; ".join(cfg.get("not_dflash_format") or []))
@@ -232,6 +301,31 @@ def check_dflash_checkpoint(path: str | os.PathLike, for_sglang: bool = True) ->
         want = (cfg["hidden_size"], len(ids) * width)
         if shapes["fc.weight"] != want:
             problems.append(f"fc.weight has shape {shapes['fc.weight']}, SGLang expects {want}")
+    return problems
+
+
+def check_vllm_checkpoint(path: str | os.PathLike) -> list[str]:
+    """Problems vLLM's DFlash loader would hit, or silently ignore, with the folder at ``path``; empty = loadable.
+
+    vLLM loads a DFlash folder whose tensors are missing without a word (the drafter then drafts from its
+    initialisation), so the serving backend checks before it launches a server: :func:`check_dflash_checkpoint`'s
+    SGLang checks, with vLLM's reduced-vocabulary variant (:data:`VLLM_FORMAT`) accepted when it carries its
+    ``lm_head.weight`` ``[draft_vocab_size, hidden]`` and ``d2t`` ``[draft_vocab_size]``.
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return [f"no config.json in {path}"]
+    problems = [p for p in check_dflash_checkpoint(path, for_sglang=True) if VLLM_FORMAT not in p]
+    cfg = json.loads((path / "config.json").read_text())
+    if (cfg.get("dscout") or {}).get("format") == VLLM_FORMAT:
+        shapes = {}
+        for f in path.glob("*.safetensors"):
+            with safe_open(str(f), framework="pt") as h:
+                shapes.update({n: tuple(h.get_slice(n).get_shape()) for n in h.keys()})
+        vd = cfg.get("draft_vocab_size")
+        for name, want in (("lm_head.weight", (vd, cfg.get("hidden_size"))), ("d2t", (vd,))):
+            if shapes.get(name) != want:
+                problems.append(f"{name} has shape {shapes.get(name)}, vLLM's variant needs {want}")
     return problems
 
 

