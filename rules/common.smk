@@ -165,6 +165,9 @@ def method_keys_at(temp):
     return METHOD_KEYS if float(temp) == 0 else SAMPLED_METHOD_KEYS
 SERVING_STAGE = dcfg.serving_stage(config, DRAFTER_IDS) if SERVING else None
 SERVING_ID = dcfg.stage_id(config, SERVING_STAGE) if SERVING else None
+VLLM_SERVING = SERVING and config["serving"]["vllm"]["enabled"]
+VLLM_SERVING_STAGE = dcfg.vllm_serving_stage(config, DRAFTER_IDS) if VLLM_SERVING else None
+VLLM_SERVING_ID = dcfg.stage_id(config, VLLM_SERVING_STAGE) if VLLM_SERVING else None
 STUDY_STAGE = dcfg.study_stage(config, DRAFTER_IDS) if STUDY else None
 STUDY_ID = dcfg.stage_id(config, STUDY_STAGE) if STUDY else None
 STUDY_METHOD_KEYS = ["ar", *(dcfg.method_key(m, m["drafter_id"]) for m in STUDY_STAGE["methods"])] if STUDY else []
@@ -238,8 +241,10 @@ def bench_records():
 def serving_records_input(wildcards):
     if not SERVING:
         raise ValueError("Table 4 comes from the serving benchmark: set `serving: {enabled: true}`")
-    return expand("results/serving/{sid}/c{c}/r{repeat}.jsonl", sid=SERVING_ID, c=config["concurrency"],
+    ours = expand("results/serving/{sid}/c{c}/r{repeat}.jsonl", sid=SERVING_ID, c=config["concurrency"],
                   repeat=REPEATS)
+    vllm = expand("results/serving/{sid}/vllm/r{repeat}.jsonl", sid=VLLM_SERVING_ID, repeat=REPEATS)
+    return ours + (vllm if VLLM_SERVING else [])
 
 
 def serving_drafter_inputs(wildcards):

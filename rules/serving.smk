@@ -42,6 +42,38 @@ rule serving_benchmark:
         "--out {output} --data-root {params.data_root:q} --threads {threads} > {log} 2>&1"
 
 
+rule serving_vllm:
+    wildcard_constraints:
+        repeat=r"\d+",
+    message:
+        "Serving with vLLM (AR, DFlash) at every concurrency level, repeat {wildcards.repeat}"
+    input:
+        dflash=lambda w: serving_drafter_inputs(w)["dflash"],
+        target=f"{TARGET_DIR}/target.json",
+    output:
+        "results/serving/{vsid}/vllm/r{repeat}.jsonl",
+    params:
+        cli=CLI,
+        stage=lambda w: stage_json(VLLM_SERVING_STAGE),
+        env=config["serving"]["vllm"]["env"],
+        python=("--vllm-python " + config["serving"]["vllm"]["python"]) if config["serving"]["vllm"]["python"] else "",
+        code=code("serving"),
+        data_root=DATA_ROOT,
+    threads: JOB_THREADS
+    resources:
+        gpu=min(GPUS, 1),
+    log:
+        "results/logs/serving_vllm/{vsid}-r{repeat}.log",
+    benchmark:
+        "results/timings/serving_vllm/{vsid}-r{repeat}.tsv"
+    conda:
+        "../envs/vllm.yaml"
+    shell:
+        "python {params.cli} serve-vllm --stage {params.stage:q} --target $(dirname {input.target}) "
+        "--drafter $(dirname {input.dflash}) --repeat {wildcards.repeat} --vllm-env {params.env:q} {params.python} "
+        "--out {output} --data-root {params.data_root:q} --threads {threads} > {log} 2>&1"
+
+
 rule table4:
     message:
         "Table 4 (serving at concurrency c)"

@@ -327,6 +327,14 @@ def test_smoke_dag_renders_table4_from_batched_serving(smoke_artifacts_run):
     # one job per (concurrency, repeat): c in {1, 2} x 2 repeats, each calibrating its own controllers
     assert len(list((work / "results/serving").rglob("c*/r*.latency-dscout-online-explore0.json"))) == 4
     assert {(r["concurrency"], r["repeat"]) for r in records} == {(1, 0), (1, 1), (2, 0), (2, 1)}
+    # vLLM's rows (one serving_vllm job per repeat, every level): real servers, the same prompts, output = AR above
+    vllm = [r for r in records if r["runtime"] == "vllm"]
+    assert {(r["method_key"], r["concurrency"], r["repeat"]) for r in vllm} == {
+        (k, c, rep) for k in ("vllm-ar", "vllm-dflash-bs4") for c in (1, 2) for rep in (0, 1)}
+    assert all(r["accept_lengths_exact"] and r["decode_window_exact"] for r in vllm)
+    assert all(r["batch_decode_seconds"] <= r["batch_wall_seconds"] for r in vllm)  # prefill outside the window
+    assert "vLLM DFlash(best)" in (work / "results/tables/table4.md").read_text()
+    assert "ours_vs_vllm" in rows[0] and all(r.split(",")[rows[0].split(",").index("ours_vs_vllm")] for r in rows[1:])
 
 
 @pytest.mark.slow

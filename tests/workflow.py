@@ -46,9 +46,11 @@ PROJECT_FILES = ["Snakefile", "config.yaml", "rules", "schemas", "src", "configs
 
 def snakemake_env(extra: dict | None = None) -> dict:
     """The environment of a Snakemake call in a copy of the project: this checkout's data mirror (a copy lies
-    elsewhere, so the project-relative default would not find it), no rendezvous variables of an in-process
-    training test, then ``extra``."""
-    env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA), "PYTHONUNBUFFERED": "1", **(extra or {})}
+    elsewhere, so the project-relative default would not find it) and CPU vLLM venv, no rendezvous variables of an
+    in-process training test, then ``extra``."""
+    env = {**os.environ, "DSCOUT_DATA_ROOT": str(DATA), "PYTHONUNBUFFERED": "1",
+           # one CPU vLLM venv for every copy of the project (the checkout's, built once by whoever needs it first)
+           "DSCOUT_VLLM_ENV": str(ROOT / ".venv-vllm"), **(extra or {})}
     for var in DIST_VARS:  # an in-process training test leaves its rendezvous here; jobs must pick their own
         env.pop(var, None)
     return env

