@@ -61,7 +61,7 @@ rule serving_vllm:
         data_root=DATA_ROOT,
     threads: JOB_THREADS
     resources:
-        gpu=min(GPUS, 1),
+        **cluster_resources("serving_vllm"),
     log:
         "results/logs/serving_vllm/{vsid}-r{repeat}.log",
     benchmark:

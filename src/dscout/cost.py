@@ -91,7 +91,7 @@ KNOWN_SHAPES = {
 RESUMABLE = {"train_drafter", "depth_candidate", "depth_search", "target_features"}
 """Rules whose job continues from where a killed attempt stopped (checkpoints, the feature cache's shards,
 the depth search's finished candidates)."""
-RESUMABLE_PER_REPEAT = {"benchmark", "benchmark_sampled", "study_benchmark", "serving_benchmark"}
+RESUMABLE_PER_REPEAT = {"benchmark", "benchmark_sampled", "study_benchmark", "serving_benchmark", "serving_vllm"}
 """Rules that resume per repeat: each repeat must fit the runtime request (issue 47)."""
 
 
@@ -383,6 +383,12 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
             tok = pool * len(sv["benchmarks"]) * sv["max_new_tokens"] * n_methods * c["bench_fill"]
             rep = tok * c["serving_seconds_per_token"] / conc + n_methods * c["server_startup_seconds"]
             add("serving_benchmark", repeats, gpu1, rep, repeat=rep, host=target_bytes, note=f"c = {conc}")
+        if (sv.get("vllm") or {}).get("enabled"):  # one job per repeat: AR + DFlash(bs) servers, every level
+            n_vllm = 1 + len(sv["vllm"]["block_sizes"])
+            tok = max(config["concurrency"]) * sv["max_new_tokens"] * n_vllm * c["bench_fill"]
+            rep = (sum(tok * c["serving_seconds_per_token"] / conc for conc in config["concurrency"])
+                   + n_vllm * c["server_startup_seconds"])
+            add("serving_vllm", repeats, gpu1, rep, repeat=rep, host=target_bytes, note="vLLM, every c")
     rows = _with_gpu_memory(rows, config, project_dir)
     return Bill(rows, C, (config.get("cluster") or {}).get("disk_budget_gb"), device)
 
