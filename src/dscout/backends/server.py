@@ -129,3 +129,15 @@ def closed_loop(send, requests_: list[dict], concurrency: int) -> list[tuple[dic
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         return list(pool.map(one, requests_))
+
+
+def records_and_summary(results: list[tuple[dict, dict, float]], convert, *, method: dict, temperature: float,
+                        repeat: int, concurrency: int, wall: float, port: int) -> tuple[list[dict], dict]:
+    """A measured closed loop's records (``convert(answer, ...)``: the backend's answer -> record) and its summary:
+    wall seconds, completion tokens and their throughput (tokens / wall), the level, the method key and the port."""
+    records = [convert(resp, benchmark=req["benchmark"], prompt_id=req["prompt_id"], turn=req.get("turn", 0),
+                       method=method, temperature=temperature, repeat=repeat, concurrency=concurrency,
+                       wall_seconds=secs) for req, resp, secs in results]
+    tokens = sum(r["new_tokens"] for r in records)
+    return records, {"wall_seconds": wall, "completion_tokens": tokens, "throughput_tok_s": tokens / wall,
+                     "concurrency": concurrency, "method": method.get("key", method["kind"]), "port": port}

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from .server import ServerError, free_port, port_in_use, stop_server, wait_for_server  # noqa: F401 (re-exported)
 from .server import closed_loop as _closed_loop
-from .server import get_json
+from .server import get_json, records_and_summary
 from .server import post_json as _post
 
 
@@ -260,10 +260,5 @@ def serve_benchmark(target: str, method: dict, requests_: list[dict], *, concurr
             raise failed("measured closed loop", err) from err
     finally:
         stop_server(proc, log)
-    records = [record_from_response(resp, benchmark=req["benchmark"], prompt_id=req["prompt_id"],
-                                    turn=req.get("turn", 0), method=method, temperature=temperature,
-                                    repeat=repeat, concurrency=concurrency, wall_seconds=secs)
-               for req, resp, secs in results]
-    tokens = sum(r["new_tokens"] for r in records)
-    return records, {"wall_seconds": wall, "completion_tokens": tokens, "throughput_tok_s": tokens / wall,
-                     "concurrency": concurrency, "method": key, "port": port}
+    return records_and_summary(results, record_from_response, method=method, temperature=temperature, repeat=repeat,
+                               concurrency=concurrency, wall=wall, port=port)

@@ -34,8 +34,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from .server import (ServerError, closed_loop, free_port, get_json, log_tail, port_in_use, post_json, stop_server,
-                     wait_for_server)
+from .server import (ServerError, closed_loop, free_port, get_json, log_tail, port_in_use, post_json,
+                     records_and_summary, stop_server, wait_for_server)
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -344,10 +344,5 @@ def serve_benchmark(python: str, target: str, method: dict, requests_: list[dict
             raise srv.failed("prefix-cache reset", err) from err
         results, wall = srv.run(requests_, concurrency, max_new_tokens, temperature, stop_token_ids)
         port = srv.port
-    records = [record_from_completion(resp, benchmark=req["benchmark"], prompt_id=req["prompt_id"],
-                                      turn=req.get("turn", 0), method=method, temperature=temperature,
-                                      repeat=repeat, concurrency=concurrency, wall_seconds=secs)
-               for req, resp, secs in results]
-    tokens = sum(r["new_tokens"] for r in records)
-    return records, {"wall_seconds": wall, "completion_tokens": tokens, "throughput_tok_s": tokens / wall,
-                     "concurrency": concurrency, "method": key, "port": port}
+    return records_and_summary(results, record_from_completion, method=method, temperature=temperature, repeat=repeat,
+                               concurrency=concurrency, wall=wall, port=port)
