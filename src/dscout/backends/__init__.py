@@ -1,1 +1,2 @@
-"""Serving backends of the cluster path (SGLang)."""
+"""Serving backends: SGLang (the cluster path), vLLM (its CPU build here, the official wheel on the cluster), and what
+both share (:mod:`dscout.backends.server`)."""
