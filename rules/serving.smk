@@ -56,7 +56,7 @@ rule serving_vllm:
         cli=CLI,
         stage=lambda w: stage_json(VLLM_SERVING_STAGE),
         env=config["serving"]["vllm"]["env"],
-        python=("--vllm-python " + config["serving"]["vllm"]["python"]) if config["serving"]["vllm"]["python"] else "",
+        python=f"--vllm-python {config['serving']['vllm']['python']}" if config["serving"]["vllm"]["python"] else "",
         code=code("serving"),
         data_root=DATA_ROOT,
     threads: JOB_THREADS
