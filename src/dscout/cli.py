@@ -65,11 +65,11 @@ def load_target_skeleton(target_dir: str):
 
 
 def sglang_model_path(target_dir: str) -> str:
-    """What an SGLang stage loads as the target: the prepared target's ``load_from`` (``target.json``).
+    """What a serving stage (SGLang, vLLM) loads as the target: the prepared target's ``load_from`` (``target.json``).
 
     For a hub-id source that is the hub id itself; for a source this project materialises (``tiny-random``,
     ``tiny-qwen3``, ``gguf:``) it is the folder written by ``prepare_target``, never the source string, which
-    SGLang cannot load. A relative folder that does not exist from here is read from ``target_dir``.
+    a server cannot load. A relative folder that does not exist from here is read from ``target_dir``.
     """
     info = json.loads((Path(target_dir) / "target.json").read_text())
     load_from = str(info["load_from"])
@@ -520,6 +520,8 @@ def cmd_serve_cpu(a):
 def cmd_serve_vllm(a):
     """Table 4's vLLM rows for one repeat (:mod:`dscout.evaluation.vllm_serving`): the DFlash drafter exported in
     vLLM's layout next to the output, vLLM's env built or reused, then every server at every level."""
+    import importlib.util
+
     from dscout.backends.vllm_env import ensure_vllm_env
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
@@ -545,16 +547,15 @@ def cmd_serve_vllm(a):
     out = Path(a.out)
     export = out.parent / f"r{a.repeat}.vllm-dflash"  # vLLM's layout of the DFlash drafter (reduced vocabulary too)
     export_vllm_dflash(drafter_for_target(a.drafter, target), export, dtype=target.dtype)
-    import importlib.util
-
     if a.vllm_python:
         python = a.vllm_python
     elif importlib.util.find_spec("vllm") is not None:  # the job's own env has vLLM (the cluster's envs/vllm.yaml)
         python = sys.executable
     else:  # this machine: the project's CPU venv
         python = str(ensure_vllm_env(os.environ.get("DSCOUT_VLLM_ENV") or a.vllm_env))
-    target_folder = str(Path(a.target).resolve())
-    records = vllm_serving_records(python, target_folder, str(export.resolve()), st, prompts, ids, warmup,
+    model = sglang_model_path(a.target)  # what a server loads: the materialised folder, or the hub id
+    model = str(Path(model).resolve()) if Path(model).exists() else model
+    records = vllm_serving_records(python, model, str(export.resolve()), st, prompts, ids, warmup,
                                    st["concurrency"], a.repeat, stops, out.parent / f"r{a.repeat}.logs",
                                    threads=a.threads)
     write_records(records, a.out)
