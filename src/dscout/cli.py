@@ -556,8 +556,7 @@ def cmd_serve_vllm(a):
     model = sglang_model_path(a.target)  # what a server loads: the materialised folder, or the hub id
     model = str(Path(model).resolve()) if Path(model).exists() else model
     records = vllm_serving_records(python, model, str(export.resolve()), st, prompts, ids, warmup,
-                                   st["concurrency"], a.repeat, stops, out.parent / f"r{a.repeat}.logs",
-                                   threads=a.threads)
+                                   st["concurrency"], a.repeat, stops, out.parent / f"r{a.repeat}.logs")
     write_records(records, a.out)
     write_resolved(out.with_suffix(".resolved.json"), st)
 

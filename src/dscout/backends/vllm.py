@@ -91,14 +91,18 @@ def server_command(python: str, target: str, method: dict, port: int, served_nam
     return cmd
 
 
-def server_env(kv_cache_gb: float, threads: int | None = None) -> dict:
-    """The server's environment: development mode on (for ``/server_info``), the CPU KV-cache size in GB
-    (``VLLM_CPU_KVCACHE_SPACE``; ignored on a GPU) and, given ``threads``, the OpenMP thread count."""
+def server_env(kv_cache_gb: float) -> dict:
+    """The server's environment: development mode on (for ``/server_info``) and the CPU KV-cache size in GB
+    (``VLLM_CPU_KVCACHE_SPACE``; ignored on a GPU).
+
+    No OpenMP thread count: vLLM's CPU worker binds its own threads to the cores, and an ``OMP_NUM_THREADS`` inherited
+    from the job (Snakemake sets it to the job's threads) is removed: with it, a 2-core server decoded many times
+    slower (its processes' threads oversubscribed the cores).
+    """
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb),
            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    for var in ("PYTHONPATH", "VIRTUAL_ENV"):  # the server's venv has its own packages; ours must not shadow them
+    # the server's venv has its own packages (ours must not shadow them); vLLM sizes its own thread pools
+    for var in ("PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env.pop(var, None)
     return env
 
@@ -218,12 +222,12 @@ class VllmServer:
 
     def __init__(self, python: str, target: str, method: dict, drafter_dir: str | None = None, *,
                  concurrency: int = 1, port: int | None = None, log_path: str | os.PathLike | None = None,
-                 kv_cache_gb: float = 4, threads: int | None = None, dtype: str = "float32",
+                 kv_cache_gb: float = 4, dtype: str = "float32",
                  max_model_len: int = 4096, enforce_eager: bool = True, health_timeout: float = 900.0,
                  job: str | None = None, launch=None):
         self.python, self.target, self.method, self.drafter_dir = python, str(target), method, drafter_dir
         self.concurrency, self.port, self.log_path = concurrency, port, log_path
-        self.kv_cache_gb, self.threads, self.dtype = kv_cache_gb, threads, dtype
+        self.kv_cache_gb, self.dtype = kv_cache_gb, dtype
         self.max_model_len, self.enforce_eager, self.health_timeout = max_model_len, enforce_eager, health_timeout
         self.job = job or f"vllm server of {method.get('key', method['kind'])}"
         self.launch = launch
@@ -256,7 +260,7 @@ class VllmServer:
         if self.log_path:
             Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        env = server_env(self.kv_cache_gb, self.threads)
+        env = server_env(self.kv_cache_gb)
         self.proc = (self.launch or (lambda c, out, e: subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT,
                                                                         env=e)))(cmd, self._log, env)
         try:
@@ -317,8 +321,7 @@ def serve_benchmark(python: str, target: str, method: dict, requests_: list[dict
                     temperature: float, max_new_tokens: int, repeat: int, drafter_dir: str | None,
                     stop_token_ids: list[int] | tuple[int, ...] = (), port: int | None = None,
                     log_path: str | os.PathLike | None = None, warmup_requests: list[dict] | None = None,
-                    job: str | None = None, kv_cache_gb: float = 4, threads: int | None = None,
-                    dtype: str = "float32", max_model_len: int = 4096, enforce_eager: bool = True,
+                    job: str | None = None, kv_cache_gb: float = 4, dtype: str = "float32", max_model_len: int = 4096, enforce_eager: bool = True,
                     health_timeout: float = 900.0, launch=None) -> tuple[list[dict], dict]:
     """Launch the method's vLLM server, check it is the method's, warm up, run the closed loop; return records and
     the run summary (as :func:`dscout.backends.sglang.serve_benchmark`, whose callers it serves too).
@@ -334,7 +337,7 @@ def serve_benchmark(python: str, target: str, method: dict, requests_: list[dict
     key = method.get("key", method["kind"])
     job = job or f"vllm serving {key} at c={concurrency}, repeat {repeat}"
     with VllmServer(python, target, method, drafter_dir, concurrency=concurrency, port=port, log_path=log_path,
-                    kv_cache_gb=kv_cache_gb, threads=threads, dtype=dtype, max_model_len=max_model_len,
+                    kv_cache_gb=kv_cache_gb, dtype=dtype, max_model_len=max_model_len,
                     enforce_eager=enforce_eager, health_timeout=health_timeout, job=job, launch=launch) as srv:
         if warmup_requests:
             srv.run(warmup_requests, concurrency, max_new_tokens, temperature, stop_token_ids, phase="warm-up")

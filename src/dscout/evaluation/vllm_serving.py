@@ -44,7 +44,7 @@ def decode_window_seconds(answers: list[dict]) -> float | None:
 
 def vllm_serving_records(python: str, target_dir: str, drafter_dir: str | None, stage: dict,
                          prompts: list[list[int]], ids: list[str], warmup: list[int], levels: list[int], repeat: int,
-                         stops: list[int], log_dir: str | os.PathLike, threads: int | None = None) -> list[dict]:
+                         stops: list[int], log_dir: str | os.PathLike) -> list[dict]:
     """Records of every vLLM row at every level of ``levels`` for one repeat (module doc).
 
     Args:
@@ -67,7 +67,7 @@ def vllm_serving_records(python: str, target_dir: str, drafter_dir: str | None, 
     for key, method in methods[shift:] + methods[:shift]:
         job = f"vLLM serving {key}, repeat {repeat}"
         with VllmServer(python, target_dir, method, None if method["kind"] == "ar" else drafter_dir,
-                        concurrency=max(levels), kv_cache_gb=v["kv_cache_gb"], threads=threads,
+                        concurrency=max(levels), kv_cache_gb=v["kv_cache_gb"],
                         dtype=v.get("dtype", "float32"), max_model_len=v["max_model_len"],
                         enforce_eager=v.get("enforce_eager", True),
                         log_path=Path(log_dir) / f"{key}.server.log", job=job) as srv:
