@@ -21,7 +21,7 @@ rule benchmark:
         ),
     params:
         cli=CLI,
-        stage=lambda w: stage_json(dcfg.benchmark_slice(BENCH_STAGE, w.benchmark)),
+        stage=lambda w: stage_json(dcfg.benchmark_slice(ENGINE_BENCH_STAGE, w.benchmark)),
         drafters=drafter_args,
         out_dir=bench_out_dir,
         repeats=len(REPEATS),
@@ -57,7 +57,62 @@ use rule benchmark as benchmark_sampled with:
             method=SAMPLED_ONLINE_METHOD_KEYS,
         ),
     params:
-        stage=lambda w: stage_json(dcfg.benchmark_slice(SAMPLED_BENCH_STAGE, w.benchmark)),
+        stage=lambda w: stage_json(dcfg.benchmark_slice(ENGINE_SAMPLED_BENCH_STAGE, w.benchmark)),
+
+
+# Table 3's rows on a serving runtime (methods[].backend: vllm / sglang): one job per (temperature, repeat) over every
+# benchmark, one server per method (AR of that runtime included) on loopback, one request at a time; each row is
+# paired with its runtime's AR. Resumable per method: a finished method's records are kept when a later server fails.
+rule benchmark_vllm:
+    wildcard_constraints:
+        backend="vllm",
+        repeat=r"\d+",
+    message:
+        "Table 3 on {wildcards.backend}: AR and its rows, T={wildcards.temp}, repeat {wildcards.repeat}"
+    input:
+        unpack(server_drafter_inputs),
+        target=f"{TARGET_DIR}/target.json",
+    output:
+        "results/bench_server/{bid}/{backend}/t{temp}/r{repeat}.jsonl",
+    params:
+        cli=CLI,
+        stage=lambda w: stage_json(server_bench_stage(w.backend, w.temp)),
+        drafters=server_drafter_args,
+        env=config["serving"]["vllm"]["env"],
+        python=f"--vllm-python {config['serving']['vllm']['python']}" if config["serving"]["vllm"]["python"] else "",
+        code=code("bench"),
+        data_root=DATA_ROOT,
+    threads: JOB_THREADS
+    resources:
+        **cluster_resources("benchmark_vllm"),
+    log:
+        "results/logs/benchmark_{backend}/{bid}-t{temp}-r{repeat}.log",
+    benchmark:
+        "results/timings/benchmark_{backend}/{bid}-t{temp}-r{repeat}.tsv"
+    conda:
+        "../envs/vllm.yaml"
+    shell:
+        "python {params.cli} bench-server --stage {params.stage:q} --target $(dirname {input.target}) "
+        "{params.drafters} --temperature {wildcards.temp} --repeat {wildcards.repeat} --vllm-env {params.env:q} "
+        "{params.python} --out {output} --data-root {params.data_root:q} --threads {threads} > {log} 2>&1"
+
+
+use rule benchmark_vllm as benchmark_sglang with:
+    wildcard_constraints:
+        backend="sglang",
+        repeat=r"\d+",
+    params:
+        cli=CLI,
+        stage=lambda w: stage_json(server_bench_stage(w.backend, w.temp)),
+        drafters=server_drafter_args,
+        env="",
+        python="",
+        code=code("bench"),
+        data_root=DATA_ROOT,
+    resources:
+        **cluster_resources("benchmark_sglang"),
+    conda:
+        "../envs/serve.yaml"
 
 
 # The target's task accuracy on a larger sample (greedy AR, batched, lm-eval metrics): every lossless method's

@@ -149,15 +149,44 @@ BENCH_ID = dcfg.bench_id(config, NUM_TARGET_LAYERS)
 TEMPS = [f"{t:g}" for t in config["temperatures"]]
 REPEATS = list(range(config["repeats"]))
 BENCHES = config["benchmarks"]["names"]
-METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in BENCH_STAGE["methods"])]
+# our engine's rows (methods[].backend unset or engine); rows on vLLM / SGLang run in benchmark_<backend> jobs
+ENGINE_BENCH_STAGE = dcfg.engine_slice(BENCH_STAGE)
+METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in ENGINE_BENCH_STAGE["methods"])]
 # temperatures above 0 run AR and `benchmarks.sampled_methods` (null = all methods)
 SAMPLED_BENCH_STAGE = dcfg.sampled_bench_stage(config, NUM_TARGET_LAYERS)
-SAMPLED_METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id")) for s in SAMPLED_BENCH_STAGE["methods"])]
+ENGINE_SAMPLED_BENCH_STAGE = dcfg.engine_slice(SAMPLED_BENCH_STAGE)
+SAMPLED_METHOD_KEYS = ["ar", *(dcfg.method_key(s, s.get("drafter_id"))
+                               for s in ENGINE_SAMPLED_BENCH_STAGE["methods"])]
 # rows decoded with the online block-size controller: their jobs also save the calibrated latency model
 ONLINE_METHOD_KEYS = [dcfg.method_key(s, s.get("drafter_id")) for s in BENCH_STAGE["methods"]
                       if s.get("block_size") == "online"]
 SAMPLED_ONLINE_METHOD_KEYS = [dcfg.method_key(s, s.get("drafter_id")) for s in SAMPLED_BENCH_STAGE["methods"]
                               if s.get("block_size") == "online"]
+
+
+def server_bench_stage(backend, temp):
+    """The stage of one ``benchmark_<backend>`` job at temperature ``temp`` (a TEMPS string):
+    :func:`dscout.config.server_slice` of the bench stage at that temperature."""
+    return dcfg.server_slice(BENCH_STAGE if float(temp) == 0 else SAMPLED_BENCH_STAGE, backend, config)
+
+
+def server_bench_records():
+    """Every ``benchmark_<backend>`` job's output: one per (server runtime with rows, temperature, repeat)."""
+    return [f"results/bench_server/{BENCH_ID}/{backend}/t{temp}/r{repeat}.jsonl"
+            for backend in dcfg.SERVER_BACKENDS for temp in TEMPS
+            if dcfg.server_method_keys(BENCH_STAGE if float(temp) == 0 else SAMPLED_BENCH_STAGE, backend)
+            for repeat in REPEATS]
+
+
+def server_drafter_args(wildcards, input):
+    """``--drafter NAME=DIR`` of the drafters a server job's rows decode with."""
+    return " ".join(f"--drafter {n}={Path(input[n]).parent}" for n in input.keys() if n != "target")
+
+
+def server_drafter_inputs(wildcards):
+    """The trained (or imported) drafters of one server job's rows."""
+    names = {m["drafter"] for m in server_bench_stage(wildcards.backend, wildcards.temp)["methods"]}
+    return {n: f"{drafter_dir(n)}/training_summary.json" for n in sorted(names)}
 
 
 def method_keys_at(temp):

@@ -5,7 +5,7 @@ rule table3:
     message:
         "Table 3 from {params.n} record files"
     input:
-        records=bench_records(),
+        records=bench_records() + server_bench_records(),
         accuracy=accuracy_records(),
     output:
         md=report("results/tables/table3.md", caption="../report/table3.rst", category="Tables"),
@@ -14,7 +14,7 @@ rule table3:
     params:
         cli=CLI,
         stage=table_stage_json(),
-        n=len(bench_records()),
+        n=len(bench_records() + server_bench_records()),
         code=code("analysis"),
     log:
         "results/logs/table3.log",

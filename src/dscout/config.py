@@ -267,6 +267,7 @@ def check_plan(config: dict, source: str = "config", project_dir: str | os.PathL
                                 f"{' or '.join(sorted(BLOCK_DIFFUSION))}); '{m['kind']}' has no mixed horizons to pick from")
         elif m.get("drafter") and m.get("block_size") and m["kind"] in BLOCK_DIFFUSION:
             horizon_check(f"methods[{i}].block_size", m["drafter"], m["block_size"])
+    problems += method_backend_problems(config)
     s = config.get("serving", {})
     if s.get("enabled") and s.get("online") and s.get("backend") == "sglang":
         problems.append("serving.online: the online block-size controller runs in this project's batched engine; "
@@ -507,17 +508,85 @@ def controller_suffix(overrides: dict | None) -> str:
 
 def method_key(spec: dict, drafter_id: str | None) -> str:
     """File-safe key of a method row, e.g. ``dscout-bs16-<drafter id>``, ``dscout-online-explore0.5-<drafter id>``
-    (an online row with its own ``controller`` settings)."""
+    (an online row with its own ``controller`` settings), ``vllm-dscout-bs4-<drafter id>`` (a row served by vLLM)."""
     import re
 
     bs = spec.get("block_size")
     key = spec["kind"] + ("-online" if bs == "online" else f"-bs{bs}" if bs else "")
+    if method_backend(spec) != "engine":  # a server's row: its runtime leads the key (beside ``<backend>-ar``)
+        key = f"{spec['backend']}-{key}"
     key += (f"-k{spec['topk']}" if spec.get("topk") else "") + (f"-d{spec['depth']}" if spec.get("depth") else "")
     key += "-nofeat" if spec.get("use_features") is False else ""
     key += controller_suffix(spec.get("controller_overrides"))
     if drafter_id:
         key += f"-{drafter_id}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", key)
+
+
+SERVER_BACKENDS = {"vllm": ("dflash", "dscout"), "sglang": ("dflash", "dscout", "eagle3")}
+"""Table 3's server runtimes (``methods[].backend``) and the method kinds each serves: vLLM's DFlash loader takes
+our DFlash / DScout drafters (EAGLE-3 drafters in vLLM's layout are not exported yet); SGLang serves DFlash / DScout
+from our checkpoints and EAGLE-3 from a published one. PARD-2 and the online controller run on our engine only."""
+
+
+def method_backend(spec: dict) -> str:
+    """The runtime a Table 3 row decodes on: ``engine`` (this project's, records' ``runtime: transformers``),
+    ``vllm`` or ``sglang`` (a server per method, beside that server's own AR)."""
+    return spec.get("backend") or "engine"
+
+
+def method_backend_problems(cfg: dict) -> list[str]:
+    """Plan-time problems of Table 3's server rows (``methods[i].backend``), each naming its key.
+
+    A server row needs a kind its runtime serves (:data:`SERVER_BACKENDS`), a fixed block size (the online
+    controller picks bs per round in our engine only) and a drafter; SGLang's EAGLE-3 loads a published checkpoint
+    (``pretrained:``). Temperatures above 0 on vLLM / SGLang follow ``benchmarks.sampled_methods`` as every row.
+    """
+    problems = []
+    drafters = cfg.get("drafters", {})
+    for i, m in enumerate(cfg.get("methods", [])):
+        backend = method_backend(m)
+        if backend == "engine":
+            continue
+        kinds = SERVER_BACKENDS[backend]
+        if m["kind"] not in kinds:
+            problems.append(f"methods[{i}].backend: {backend} serves {', '.join(kinds)} rows, not '{m['kind']}' "
+                            f"({m['name']}): run it on our engine (backend: engine)")
+        if not isinstance(m.get("block_size"), int):
+            problems.append(f"methods[{i}].block_size: a {backend} row needs a fixed block size, got "
+                            f"{m.get('block_size')!r} (the online controller runs on our engine only)")
+        if not m.get("drafter"):
+            problems.append(f"methods[{i}].drafter: a {backend} row needs a drafter")
+        elif (backend == "sglang" and m["kind"] == "eagle3"
+              and not drafters.get(m["drafter"], {}).get("pretrained")):
+            problems.append(f"methods[{i}].drafter: SGLang's EAGLE-3 serves a published checkpoint; drafter "
+                            f"'{m['drafter']}' has no pretrained: <hub id>")
+    return problems
+
+
+def engine_slice(stage: dict) -> dict:
+    """A bench stage cut to the rows our engine decodes (``backend`` unset or ``engine``): what a ``benchmark`` job
+    receives, so that a server row's settings never rerun the engine's jobs."""
+    return {**stage, "methods": [m for m in stage["methods"] if method_backend(m) == "engine"]}
+
+
+def server_slice(stage: dict, backend: str, cfg: dict) -> dict:
+    """A bench stage cut to one server runtime's rows (:func:`method_backend`), with the runtime's server settings
+    (vLLM: ``serving.vllm``'s KV-cache size, context length, eager mode and the target's dtype): what one
+    ``benchmark_<backend>`` job receives."""
+    out = {**stage, "methods": [m for m in stage["methods"] if method_backend(m) == backend], "runtime": backend,
+           "names": list(cfg["benchmarks"]["names"])}
+    if backend == "vllm":
+        v = cfg["serving"]["vllm"]
+        out["server"] = {"kv_cache_gb": v["kv_cache_gb"], "max_model_len": v["max_model_len"],
+                         "enforce_eager": v["enforce_eager"], "dtype": cfg["target"].get("dtype", "float32")}
+    return out
+
+
+def server_method_keys(stage: dict, backend: str) -> list[str]:
+    """The method keys of one server runtime's job: its AR (``<backend>-ar``), then its rows (:func:`method_key`)."""
+    rows = [m for m in stage["methods"] if method_backend(m) == backend]
+    return [f"{backend}-ar"] + [method_key(m, m.get("drafter_id")) for m in rows] if rows else []
 
 
 def method_specs(cfg: dict, num_target_layers: int) -> list[dict]:
@@ -527,6 +596,9 @@ def method_specs(cfg: dict, num_target_layers: int) -> list[dict]:
         spec = dict(m)
         if m.get("drafter"):
             spec["drafter_id"] = drafter_id(cfg, m["drafter"], num_target_layers)
+            pretrained = cfg["drafters"].get(m["drafter"], {}).get("pretrained")
+            if method_backend(m) != "engine" and pretrained:  # a server loads a published drafter by its id
+                spec["checkpoint"] = pretrained
         if m.get("block_size") == "online":  # its records depend on the controller's settings
             spec["controller"] = controller_settings(cfg, m.get("controller"))
             if m.get("controller"):  # the row's own settings: in its key, beside another online row
@@ -570,10 +642,11 @@ def benchmark_slice(stage: dict, benchmark: str) -> dict:
 
 
 def bench_id(cfg: dict, num_target_layers: int) -> str:
-    """The id of Table 3's records folder (``results/bench/<id>/``): a hash of the bench stage without the
-    per-benchmark prompt counts and token budgets (those reach each benchmark's jobs through
-    :func:`benchmark_slice`, so a change there reruns that benchmark's jobs only)."""
-    stage = bench_stage(cfg, num_target_layers)
+    """The id of Table 3's records folder (``results/bench/<id>/``): a hash of our engine's bench stage
+    (:func:`engine_slice`) without the per-benchmark prompt counts and token budgets (those reach each benchmark's
+    jobs through :func:`benchmark_slice`, so a change there reruns that benchmark's jobs only). Server rows
+    (``methods[].backend``) stay out of it: adding one adds its runtime's jobs and reruns none of the engine's."""
+    stage = engine_slice(bench_stage(cfg, num_target_layers))
     shared = {k: v for k, v in stage["benchmarks"].items() if k not in PER_BENCHMARK_DEFAULTS}
     return f"{cfg['target']['name']}-{short_hash({**stage, 'benchmarks': shared})}"
 

@@ -91,7 +91,8 @@ KNOWN_SHAPES = {
 RESUMABLE = {"train_drafter", "depth_candidate", "depth_search", "target_features"}
 """Rules whose job continues from where a killed attempt stopped (checkpoints, the feature cache's shards,
 the depth search's finished candidates)."""
-RESUMABLE_PER_REPEAT = {"benchmark", "benchmark_sampled", "study_benchmark", "serving_benchmark", "serving_vllm"}
+RESUMABLE_PER_REPEAT = {"benchmark", "benchmark_sampled", "study_benchmark", "serving_benchmark", "serving_vllm",
+                        "benchmark_vllm", "benchmark_sglang"}
 """Rules that resume per repeat: each repeat must fit the runtime request (issue 47)."""
 
 
@@ -363,10 +364,19 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
             [m for m in methods if m["name"] in b["sampled_methods"]]
         max_new = b["max_new_tokens"] if float(temp) == 0 or b.get("sampled_max_new_tokens") is None \
             else b["sampled_max_new_tokens"]
+        engine = [m for m in ms if dcfg.method_backend(m) == "engine"]
         for name in b["names"]:
             tok = _bench_tokens(b["num_prompts"], max_new, [name]) * c["bench_fill"]
-            rep = tok * (c["ar_seconds_per_token"] + len(ms) * c["spec_seconds_per_token"])
+            rep = tok * (c["ar_seconds_per_token"] + len(engine) * c["spec_seconds_per_token"])
             add(rule, repeats, gpu1, rep, repeat=rep, host=target_bytes, note=f"{name}, T = {temp:g}")
+        for backend in dcfg.SERVER_BACKENDS:  # one job per (temperature, repeat): AR + the rows, every benchmark
+            served = [m for m in ms if dcfg.method_backend(m) == backend]
+            if served:
+                n = 1 + len(served)
+                tok = _bench_tokens(b["num_prompts"], max_new, b["names"]) * c["bench_fill"] * n
+                rep = tok * c["serving_seconds_per_token"] + n * c["server_startup_seconds"]
+                add(f"benchmark_{backend}", repeats, gpu1, rep, repeat=rep, host=target_bytes,
+                    note=f"{backend}: AR + {len(served)} rows, T = {temp:g}")
     s = config.get("study", {})
     if s.get("enabled"):
         n_methods = len(dcfg.study_drafters(config))

@@ -34,6 +34,8 @@ CLUSTER_RESOURCES: dict[str, dict] = {
     "study_benchmark": {"runtime": 480, "cpus_per_task": 16},
     "serving_benchmark": {"runtime": 240, "cpus_per_task": 16},
     "serving_vllm": {"runtime": 240, "cpus_per_task": 16},
+    "benchmark_vllm": {"runtime": 480, "cpus_per_task": 16},
+    "benchmark_sglang": {"runtime": 480, "cpus_per_task": 16},
 }
 """Cluster requests per rule (``import_drafter`` = a ``train_drafter`` job of a ``pretrained:`` drafter)."""
 

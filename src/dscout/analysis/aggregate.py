@@ -6,7 +6,8 @@ Every number in the tables is computed here from the raw per-(prompt, turn, run)
   excluded from ``decode_seconds``); a run's TPOT = mean over its records (DFlash's benchmark: mean over
   prompts).
 * Speedup of a (benchmark, method, temperature, repeat) = mean AR TPOT / mean method TPOT, **paired with the
-  AR run of the same benchmark, temperature and repeat**.
+  AR run of the same benchmark, temperature and repeat on the method's own runtime** (records' ``runtime``: our
+  engine's ``transformers``, a ``vllm`` or ``sglang`` server): a method served by vLLM is measured against vLLM's AR.
 * MAT (τ) = mean accepted length per draft round, bonus included, pooled over the run's rounds.
 * Mean ± std (ddof = 1) over repeats; the six-benchmark average is taken per repeat, then over repeats.
 * Greedy losslessness: ``mismatches`` counts greedy records whose output differs from AR's; those at a
@@ -34,6 +35,11 @@ def record_tpot(r: dict) -> float:
     return r["decode_seconds"] / max(r["new_tokens"] - 1, 1)
 
 
+def runtime_of(r: dict) -> str:
+    """The runtime a record was decoded on (``transformers`` = our engine, also for records before the field)."""
+    return r.get("runtime") or "transformers"
+
+
 def _mean(xs):
     xs = [x for x in xs if x is not None]
     return statistics.mean(xs) if xs else None
@@ -55,7 +61,7 @@ def per_run(records: list[dict]) -> dict[tuple, dict]:
         correct = [r["correct"] for r in rs if r.get("correct") is not None]
         runs[key] = {
             "method": rs[0]["method"], "method_name": rs[0].get("method_name", rs[0]["method"]),
-            "drafter": rs[0].get("drafter"), "block_size": rs[0].get("block_size"),
+            "runtime": runtime_of(rs[0]), "drafter": rs[0].get("drafter"), "block_size": rs[0].get("block_size"),
             "tpot": statistics.mean(record_tpot(r) for r in rs),
             "mat": sum(rounds) / len(rounds) if rounds else None,
             "accept_lengths": rounds,
@@ -77,14 +83,16 @@ def summarize(records: list[dict]) -> list[dict]:
     ``n_records``, ``mismatches``, ``near_ties`` and the method's identity fields.
 
     Raises:
-        ValueError: if a method run has no AR run with the same benchmark, temperature, concurrency and repeat.
+        ValueError: if a method run has no AR run on its runtime with the same benchmark, temperature, concurrency
+            and repeat.
     """
     runs = per_run(records)
-    ar = {(b, t, c, rep): v["tpot"] for (b, k, t, c, rep), v in runs.items() if v["method"] == "ar"}
+    ar = {(b, t, c, rep, v["runtime"]): v["tpot"] for (b, k, t, c, rep), v in runs.items() if v["method"] == "ar"}
     for (b, k, t, c, rep), v in runs.items():
-        if (b, t, c, rep) not in ar:
-            raise ValueError(f"no AR run paired with {k} on {b}, T={t}, c={c}, repeat {rep}")
-        v["speedup"] = ar[(b, t, c, rep)] / v["tpot"]
+        if (b, t, c, rep, v["runtime"]) not in ar:
+            raise ValueError(f"no AR run on runtime {v['runtime']!r} paired with {k} on {b}, T={t}, c={c}, "
+                             f"repeat {rep}: every method is paired with AR on its own runtime")
+        v["speedup"] = ar[(b, t, c, rep, v["runtime"])] / v["tpot"]
     by_cell: dict[tuple, list[dict]] = defaultdict(list)
     for (b, k, t, c, rep), v in runs.items():
         by_cell[(b, k, t, c)].append({**v, "repeat": rep})
@@ -114,7 +122,7 @@ def summarize(records: list[dict]) -> list[dict]:
 def _row(bench, key, temp, conc, vs):
     return {
         "benchmark": bench, "method_key": key, "method": vs[0]["method"], "method_name": vs[0]["method_name"],
-        "drafter": vs[0]["drafter"], "block_size": vs[0]["block_size"], "temperature": temp, "concurrency": conc,
+        "runtime": vs[0].get("runtime", "transformers"), "drafter": vs[0]["drafter"], "block_size": vs[0]["block_size"], "temperature": temp, "concurrency": conc,
         "speedup_mean": _mean([v["speedup"] for v in vs]), "speedup_std": _std([v["speedup"] for v in vs]),
         "mat_mean": _mean([v["mat"] for v in vs]), "mat_std": _std([v["mat"] for v in vs]),
         "mat_prompt_std": _std([m for v in vs for m in v.get("record_mats", [])]),

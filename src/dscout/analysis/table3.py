@@ -16,7 +16,7 @@ from .aggregate import load_records, per_run, summarize
 
 BENCH_LABELS = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mbpp": "MBPP",
                 "livecodebench": "LCB", "mt_bench": "MT-Bench", "average": "Avg"}
-CSV_FIELDS = ["benchmark", "method_name", "method", "method_key", "drafter", "block_size", "temperature",
+CSV_FIELDS = ["benchmark", "method_name", "runtime", "method", "method_key", "drafter", "block_size", "temperature",
               "concurrency", "speedup_mean", "speedup_std", "mat_mean", "mat_std", "tpot_ms_mean", "tpot_ms_std",
               "accuracy", "repeats", "n_records", "mismatches", "near_ties"]
 
@@ -36,11 +36,26 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def _method_order(rows):
-    seen = []
+    """Our engine's rows first, then each server runtime's; within a runtime its AR first."""
+    first = {}
     for r in rows:
-        if r["method_key"] not in seen:
-            seen.append(r["method_key"])
-    return sorted(seen, key=lambda k: (k != "ar", k))
+        first.setdefault(r["method_key"], r)
+    return sorted(first, key=lambda k: (first[k].get("runtime", "transformers") != "transformers",
+                                        first[k].get("runtime", ""), first[k]["method"] != "ar", k))
+
+
+RUNTIME_LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
+"""Runtimes named in a row's label (our engine's rows, ``transformers``, carry none)."""
+
+
+def row_label(rows: list[dict], key: str) -> str:
+    """A method key's row label: its name, plus the runtime it ran on when that is a server (``AR · vLLM``)."""
+    first = next(r for r in rows if r["method_key"] == key)
+    runtime = RUNTIME_LABELS.get(first.get("runtime"))
+    if not runtime:
+        return first["method_name"]
+    name = "AR" if first["method"] == "ar" else first["method_name"]
+    return name if runtime in name else f"{name} · {runtime}"
 
 
 def markdown_grid(rows: list[dict], benches: list[str], cell) -> list[str]:
@@ -49,7 +64,7 @@ def markdown_grid(rows: list[dict], benches: list[str], cell) -> list[str]:
     lines = [head, "|" + "---|" * (len(benches) + 1)]
     idx = {(r["method_key"], r["benchmark"]): r for r in rows}
     for k in _method_order(rows):
-        name = next(r["method_name"] for r in rows if r["method_key"] == k)
+        name = row_label(rows, k)
         cells = [cell(idx[(k, b)]) if (k, b) in idx else "–" for b in benches]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
@@ -61,7 +76,7 @@ def latex_grid(rows: list[dict], benches: list[str], cell, caption: str, label: 
            "\\begin{tabular}{l" + "c" * len(benches) + "}", "\\toprule",
            "Method & " + " & ".join(BENCH_LABELS.get(b, b) for b in benches) + " \\\\", "\\midrule"]
     for k in _method_order(rows):
-        name = next(r["method_name"] for r in rows if r["method_key"] == k)
+        name = row_label(rows, k)
         cells = [cell(idx[(k, b)]).replace("±", "$\\pm$").replace("×", "$\\times$").replace("τ", "$\\tau$")
                  if (k, b) in idx else "--" for b in benches]
         out.append(name + " & " + " & ".join(cells) + " \\\\")
@@ -191,7 +206,8 @@ def write_table3(record_paths, out_prefix: str, stage: dict, accuracy_paths=()) 
              f"{stage.get('num_prompts', '?')}; max new tokens per turn: {stage.get('max_new_tokens', '?')}"
              + (f" (temperatures above 0: {stage['sampled_max_new_tokens']})"
                 if stage.get("sampled_max_new_tokens") is not None else "") + ". "
-             "Speedup = AR TPOT / method TPOT, paired with the AR run of the same repeat (± its std over "
+             "Speedup = AR TPOT / method TPOT, paired with the AR run of the same repeat on the method's own "
+             "runtime (rows marked vLLM / SGLang were served by that runtime, beside its own AR) (± its std over "
              "repeats); τ = mean accepted tokens per round, (± its std over the cell's requests: the spread "
              "across prompts). Every number is computed from the raw records in `results/bench/`. AR cells show "
              "its TPOT.", ""]

@@ -198,6 +198,108 @@ def record_from_response(resp: dict, *, benchmark: str, prompt_id: str, turn: in
         spec_verify_ct=verify)
 
 
+def sampling_params(max_new_tokens: int, temperature: float, stop_token_ids=(), seed: int | None = None) -> dict:
+    """SGLang's ``sampling_params`` of one request: the token budget, greedy as top-k 1 at T = 0, the method's stop
+    ids (our engine's stopping rule) and a per-request sampling seed when given."""
+    sampling = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+    if temperature == 0:
+        sampling["top_k"] = 1
+    if stop_token_ids:
+        sampling["stop_token_ids"] = list(stop_token_ids)
+    if seed is not None:
+        sampling["sampling_seed"] = int(seed)
+    return sampling
+
+
+class SglangServer:
+    """One SGLang server of one method on loopback, identified before use (as :class:`dscout.backends.vllm.VllmServer`).
+
+    ``with SglangServer(target, method, drafter_dir) as srv: srv.generate(ids, sampling)``. :meth:`start` picks a
+    free port (or checks the given one is free), launches :func:`server_command`, waits for health and checks
+    ``/get_server_info`` against :func:`expected_identity`; :meth:`stop` terminates the server.
+
+    Args:
+        launch: ``(command, log file, env) -> subprocess.Popen`` (tests start a stub); default Popen.
+    Raises (from :meth:`start`):
+        ServerError: naming the job and the port: the port is in use, the server exits or is unhealthy, or it is
+            not the method's server.
+    """
+
+    def __init__(self, target: str, method: dict, drafter_dir: str | None = None, *, concurrency: int = 1,
+                 port: int | None = None, log_path: str | os.PathLike | None = None, job: str | None = None,
+                 health_timeout: float = 1800.0, launch=None):
+        self.target, self.method, self.drafter_dir = target, method, drafter_dir
+        self.concurrency, self.port, self.log_path = concurrency, port, log_path
+        self.job = job or f"SGLang server of {method.get('key', method['kind'])}"
+        self.health_timeout, self.launch = health_timeout, launch
+        self.proc = self._log = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "SglangServer":
+        if self.port is None:
+            self.port = free_port()
+        elif port_in_use(self.port):
+            raise ServerError(f"{self.job}: port {self.port} is in use by another process: pick another "
+                              "(or none: a free one)")
+        cmd = server_command(self.target, self.method, self.port, self.concurrency, self.drafter_dir)
+        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
+        env = {**os.environ, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+        self.proc = (self.launch or (lambda c, out, e: subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT,
+                                                                        env=e)))(cmd, self._log, env)
+        try:
+            wait_for_server(self.base_url, self.proc, timeout=self.health_timeout, job=self.job,
+                            log_path=self.log_path, runtime="sglang")
+            check_server_identity(server_info(self.base_url),
+                                  expected_identity(self.target, self.method, self.drafter_dir, self.port),
+                                  port=self.port, job=self.job)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_server(self.proc, self._log)
+            self.proc = self._log = None
+
+    def __enter__(self) -> "SglangServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def failed(self, phase: str, err: Exception) -> ServerError:
+        """A :class:`ServerError` for a failure while the server was in use (its state and log named); a server
+        that dropped the connection gets a few seconds to exit, so that the error says whether it died."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        state = (f"exited with code {self.proc.poll()}" if self.proc is not None and self.proc.poll() is not None
+                 else "failed")
+        return ServerError(f"{self.job}: the server on port {self.port} {state} during the {phase}: {err}"
+                           + (f" (server log: {self.log_path})" if self.log_path else ""))
+
+    def generate(self, input_ids: list[int], sampling: dict) -> dict:
+        """One blocking native ``/generate`` call; the answer's JSON."""
+        return _post(self.base_url + "/generate", {"input_ids": list(input_ids), "sampling_params": sampling})
+
+    def flush_cache(self) -> None:
+        _post(self.base_url + "/flush_cache", {})
+
+    def ask(self, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+            stop_token_ids: list[int] | tuple[int, ...] = (), seed: int | None = None) -> dict:
+        """One request (:func:`sampling_params`): the server interface of Table 3's server jobs
+        (:mod:`dscout.evaluation.server_bench`), as :meth:`dscout.backends.vllm.VllmServer.complete`."""
+        return self.generate(input_ids, sampling_params(max_new_tokens, temperature, stop_token_ids, seed))
+
+    to_record = staticmethod(record_from_response)
+
+
 def serve_benchmark(target: str, method: dict, requests_: list[dict], *, concurrency: int, temperature: float,
                     max_new_tokens: int, repeat: int, drafter_dir: str | None, port: int | None = None,
                     log_path: str | os.PathLike | None = None, warmup_requests: list[dict] | None = None,
@@ -224,41 +326,21 @@ def serve_benchmark(target: str, method: dict, requests_: list[dict], *, concurr
     """
     key = method.get("key", method["kind"])
     job = job or f"serving {key} at c={concurrency}, repeat {repeat}"
-    if port is None:
-        port = free_port()
-    elif port_in_use(port):
-        raise ServerError(f"{job}: port {port} is in use by another process: pick another (or none: a free one)")
-    base = f"http://127.0.0.1:{port}"
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    env = {**os.environ, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-    cmd = server_command(target, method, port, concurrency, drafter_dir)
-    proc = (launch or (lambda c, out, e: subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT, env=e)))(
-        cmd, log, env)
-    sampling = {"temperature": temperature, "max_new_tokens": max_new_tokens}
-    if temperature == 0:
-        sampling["top_k"] = 1
-    try:
-        wait_for_server(base, proc, timeout=health_timeout, job=job, log_path=log_path, runtime="sglang")
-        check_server_identity(server_info(base), expected_identity(target, method, drafter_dir, port), port=port,
-                              job=job)
-        def failed(phase, err):
-            state = f"exited with code {proc.poll()}" if proc.poll() is not None else "failed"
-            return ServerError(f"{job}: the server on port {port} {state} during the {phase}: {err}"
-                               + (f" (server log: {log_path})" if log_path else ""))
-
+    sampling = sampling_params(max_new_tokens, temperature)
+    with SglangServer(target, method, drafter_dir, concurrency=concurrency, port=port, log_path=log_path, job=job,
+                      health_timeout=health_timeout, launch=launch) as srv:
         if warmup_requests:
             try:  # warm-up, not counted
-                closed_loop(base, warmup_requests, concurrency, sampling)
+                closed_loop(srv.base_url, warmup_requests, concurrency, sampling)
             except Exception as err:
-                raise failed("warm-up", err) from err
+                raise srv.failed("warm-up", err) from err
         try:
-            _post(base + "/flush_cache", {})
+            srv.flush_cache()
             t0 = time.perf_counter()
-            results = closed_loop(base, requests_, concurrency, sampling)
+            results = closed_loop(srv.base_url, requests_, concurrency, sampling)
             wall = time.perf_counter() - t0
         except Exception as err:
-            raise failed("measured closed loop", err) from err
-    finally:
-        stop_server(proc, log)
+            raise srv.failed("measured closed loop", err) from err
+        port = srv.port
     return records_and_summary(results, record_from_response, method=method, temperature=temperature, repeat=repeat,
                                concurrency=concurrency, wall=wall, port=port)

@@ -184,19 +184,28 @@ def accept_lengths_of(resp: dict, kind: str) -> tuple[list[int], bool]:
 
 def record_from_completion(resp: dict, *, benchmark: str, prompt_id: str, turn: int, method: dict,
                            temperature: float, repeat: int, concurrency: int, wall_seconds: float) -> dict:
-    """One ``/v1/completions`` answer -> a record of the project's schema (``runtime: vllm``)."""
+    """One ``/v1/completions`` answer -> a record of the project's schema (``runtime: vllm``).
+
+    ``decode_seconds`` is vLLM's own ``generation_time_ms`` (first output token to last, per-request metrics), so
+    TPOT excludes the prefill as our engine's does; ``prefill_seconds`` its time to first token. A server without
+    per-request metrics leaves the client's wall time (prefill included) and ``decode_excludes_prefill: false``.
+    """
     from ..records import make_record
 
     choice = resp["choices"][0]
     ids = list(choice.get("token_ids") or [])
     lengths, exact = accept_lengths_of(resp, method["kind"])
+    m = resp.get("metrics") or {}
+    gen, ttft = m.get("generation_time_ms"), m.get("time_to_first_token_ms")
     return make_record(
         benchmark=benchmark, prompt_id=prompt_id, turn=turn, method=method["kind"],
         method_name=method.get("name", method["kind"]), method_key=method.get("key", method["kind"]),
         drafter=method.get("drafter_id"), block_size=method.get("block_size"), temperature=temperature,
-        repeat=repeat, concurrency=concurrency, new_tokens=len(ids), decode_seconds=wall_seconds,
-        accept_lengths=lengths, output_ids=ids, output_text=choice.get("text", ""), runtime="vllm",
-        wall_seconds=wall_seconds, accept_lengths_exact=exact, finish_reason=choice.get("finish_reason"))
+        repeat=repeat, concurrency=concurrency, new_tokens=len(ids),
+        decode_seconds=gen / 1000.0 if gen is not None else wall_seconds,
+        prefill_seconds=ttft / 1000.0 if ttft is not None else None, accept_lengths=lengths, output_ids=ids,
+        output_text=choice.get("text", ""), runtime="vllm", wall_seconds=wall_seconds, accept_lengths_exact=exact,
+        decode_excludes_prefill=gen is not None, finish_reason=choice.get("finish_reason"))
 
 
 class VllmServer:
@@ -286,7 +295,13 @@ class VllmServer:
         self.stop()
 
     def failed(self, phase: str, err: Exception) -> ServerError:
-        """A :class:`ServerError` for a failure while the server was in use (its state and log named)."""
+        """A :class:`ServerError` for a failure while the server was in use (its state and log named); a server
+        that dropped the connection gets a few seconds to exit, so that the error says whether it died."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         state = (f"exited with code {self.proc.poll()}" if self.proc is not None and self.proc.poll() is not None
                  else "failed")
         where = f" (server log: {self.log_path})" if self.log_path else ""
@@ -299,6 +314,9 @@ class VllmServer:
         return post_json(self.base_url + "/v1/completions",
                          completion_payload(self.served_name, input_ids, max_new_tokens, temperature,
                                             stop_token_ids, seed))
+
+    ask = complete  # the server interface Table 3's server jobs use (dscout.evaluation.server_bench)
+    to_record = staticmethod(record_from_completion)
 
     def run(self, requests_: list[dict], concurrency: int, max_new_tokens: int, temperature: float = 0.0,
             stop_token_ids: list[int] | tuple[int, ...] = (), phase: str = "measured closed loop"):

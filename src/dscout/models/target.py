@@ -328,3 +328,54 @@ def _tiny_qwen3_target(source: str, out: Path, data_root) -> Path:
     tok.save_pretrained(str(out))
     (out / "target.json").write_text(json.dumps({"source": source, "load_from": str(out)}, indent=1))
     return out
+
+
+def _process_device(name: str) -> str:
+    """This process's device for ``target.device`` = ``name``, made current (a rank of a multi-GPU launch gets
+    ``cuda:<LOCAL_RANK>``: :func:`dscout.models.placement.place_process`)."""
+    from .placement import place_process
+
+    return str(place_process(name))
+
+
+def server_model_path(target_dir: str | os.PathLike) -> str:
+    """What a server (SGLang, vLLM) or a loader reads as the target: the prepared target's ``load_from``
+    (``<target_dir>/target.json``).
+
+    For a hub-id source that is the hub id itself; for a source this project materialises (``tiny-random``,
+    ``tiny-qwen3``, ``gguf:``) it is the folder written by ``prepare_target``, never the source string, which
+    a server cannot load. A relative folder that does not exist from here is read from ``target_dir``.
+    """
+    info = json.loads((Path(target_dir) / "target.json").read_text())
+    load_from = str(info["load_from"])
+    if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
+        load_from = str(target_dir)
+    return load_from
+
+
+def load_prepared_target(target_dir: str | os.PathLike, stage: dict | None = None) -> "TargetModel":
+    """Load the prepared target named by ``<target_dir>/target.json`` in its configured dtype, device and attention
+    implementation (the ``stage`` its ``prepare_target`` job wrote; ``stage`` when the file has none)."""
+    info = json.loads((Path(target_dir) / "target.json").read_text())
+    t = info.get("stage", stage or {})
+    return TargetModel.load(server_model_path(target_dir), dtype=getattr(torch, t.get("dtype", "float32")),
+                            device=_process_device(t.get("device", "auto")),
+                            attn_implementation=t.get("attn_implementation"))
+
+
+def stop_token_ids(target, extra: list[str]) -> list[int]:
+    """The ids a generation stops at: the tokenizer's EOS plus ``extra`` tokens (``target.stop_tokens``), sorted.
+
+    Args:
+        target: anything with a ``tokenizer``.
+    Raises:
+        ValueError: naming a stop token the tokenizer does not have.
+    """
+    tok = target.tokenizer
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    for s in extra:
+        i = tok.convert_tokens_to_ids(s)
+        if i is None or i == tok.unk_token_id:
+            raise ValueError(f"stop token '{s}' (target.stop_tokens) is not in the tokenizer")
+        ids.add(i)
+    return sorted(ids)
