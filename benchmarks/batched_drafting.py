@@ -283,7 +283,7 @@ def main(argv=None):
 
     import torch
 
-    from dscout.cli import load_target, stop_token_ids
+    from dscout.models.target import load_prepared_target as load_target, stop_token_ids
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.prompts import chat_prompt_ids
     from dscout.models.export import drafter_for_target

@@ -43,7 +43,7 @@ def main(argv=None):
 
     import torch
 
-    from dscout.cli import load_target, stop_token_ids
+    from dscout.models.target import load_prepared_target as load_target, stop_token_ids
     from dscout.data.benchmarks import stage_prompts
     from dscout.data.paths import data_root
     from dscout.data.prompts import chat_prompt_ids

@@ -58,7 +58,7 @@ def main(argv=None) -> None:
 
     from dscout.evaluation.methods import build_methods
     from dscout.evaluation.runner import run_benchmark
-    from dscout.cli import load_target, stop_token_ids
+    from dscout.models.target import load_prepared_target as load_target, stop_token_ids
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
 

@@ -152,7 +152,7 @@ def engine_eval(target, results: dict, names: list[str], data_root: str, num_pro
     """τ and speedup vs AR through the benchmark runner (greedy, packed linears, every method side by side)."""
     from dscout.evaluation.methods import build_methods
     from dscout.evaluation.runner import run_benchmark
-    from dscout.cli import stop_token_ids
+    from dscout.models.target import stop_token_ids
     from dscout.data.benchmarks import load_benchmark
 
     specs = [{"name": f"{n}@{bs}", "kind": "dscout", "drafter": n, "block_size": bs}
@@ -329,7 +329,7 @@ def main(argv=None) -> None:
     import torch
 
     from dscout.data.paths import data_root
-    from dscout.cli import load_target
+    from dscout.models.target import load_prepared_target as load_target
     from dscout.training.features import FeatureCache
 
     torch.set_num_threads(a.threads)

@@ -13,7 +13,8 @@ def load_serving_batch(target_path: str, data_root_path: str, benchmarks: str, c
     """
     import torch
 
-    from dscout.cli import _first_turn_ids, load_target, stop_token_ids
+    from dscout.data.prompts import first_turn_ids as _first_turn_ids
+    from dscout.models.target import load_prepared_target as load_target, stop_token_ids
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
     from dscout.models.linear import pack_linears

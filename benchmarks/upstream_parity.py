@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     import torch
 
     from dscout import config as dcfg
-    from dscout.cli import stop_token_ids
+    from dscout.models.target import stop_token_ids
     from dscout.data import paths as dcfg_paths
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.prompts import chat_prompt_ids

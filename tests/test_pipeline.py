@@ -511,7 +511,7 @@ def test_teacher_forced_tau_rebuilds_the_runs_prompts(smoke_run, tmp_path):
     rebuilt chat does not match is refused with the file, prompt and turn named."""
     import shutil
 
-    from dscout.cli import load_target
+    from dscout.models.target import load_prepared_target as load_target
     from dscout.experiments.drafter_eval import bench_record_sequences, teacher_forced_on_bench_records
     from dscout.models.export import load_dflash_checkpoint
 

@@ -55,6 +55,38 @@ def test_every_server_command_parses_with_sglangs_parser(parsed):
             assert res["algorithm"] == "DFLASH"
 
 
+def test_table3_server_commands_of_the_paper_preset_parse_with_sglangs_parser():
+    """The paper preset's Table 3 rows on SGLang (DFlash, DScout at bs 16 and 32, EAGLE-3(60)) and SGLang's AR: each
+    server line as the benchmark_sglang job builds it, parsed by the pinned SGLang; PARD-2 and DScout(online) stay on
+    our engine beside its AR."""
+    from dscout.evaluation.server_bench import server_methods, sglang_drafter_path
+
+    cfg = dcfg.load_config(ROOT / "config.yaml", ROOT / "presets" / "paper.yaml")
+    L = cfg["target"]["num_layers"]
+    stage = dcfg.bench_stage(cfg, L)
+    engine = [m["name"] for m in dcfg.engine_slice(stage)["methods"]]
+    assert engine == ["DScout(online)", "PARD-2(8)"]
+    methods = server_methods(dcfg.server_slice(stage, "sglang", cfg), "sglang")
+    assert [m["key"].split("-")[:3] for m in methods] == [["sglang", "ar"], ["sglang", "dflash", "bs16"],
+                                                        ["sglang", "dscout", "bs16"], ["sglang", "dscout", "bs32"],
+                                                        ["sglang", "eagle3", "bs60"]]
+    drafters = {n: f"results/drafters/{dcfg.drafter_id(cfg, n, L)}" for n in ("dflash", "dscout")}
+    cmds = [server_command("Qwen/Qwen3-8B", m, 30000, 1, sglang_drafter_path(m, drafters))[3:] for m in methods]
+    for m, res in zip(methods, sglang_parser.parse(cmds)):
+        assert "error" not in res, f"{m['key']}: {res['error']}"
+        a = res["args"]
+        assert a["port"] == 30000 and a["model_path"] == "Qwen/Qwen3-8B"
+        if m["kind"] == "ar":
+            assert res["algorithm"] is None
+        elif m["kind"] == "eagle3":
+            assert res["algorithm"] == "EAGLE3" and a["speculative_draft_model_path"] == "AngelSlim/Qwen3-8B_eagle3"
+            assert (a["speculative_num_draft_tokens"], a["speculative_eagle_topk"], a["speculative_num_steps"]) == \
+                (60, 10, 6)
+        else:
+            assert res["algorithm"] == "DFLASH" and a["speculative_num_draft_tokens"] == m["block_size"]
+            assert a["speculative_draft_model_path"] == drafters[m["drafter"]]
+
+
 def test_sglangs_parser_rejects_what_it_does_not_know():
     """The check can fail: the flag this project used before SGLang 0.5.2x split it is refused, PARD is unknown."""
     base = ["--model-path", "Qwen/Qwen3-8B"]

@@ -121,6 +121,54 @@ def test_vllm_serves_a_full_vocabulary_drafter_and_names_what_fails(full_vocab_r
                    max_model_len=1 << 20, job="test too-long").start()
 
 
+TABLE3_VLLM = """\
+methods:   # the full-vocabulary DScout drafter at bs 4 on our engine and on vLLM, each beside its runtime's AR
+  - {name: DScout-fv(4), kind: dscout, drafter: dscout_fv, block_size: 4}
+  - {name: DScout-fv(4) · vLLM, kind: dscout, drafter: dscout_fv, block_size: 4, backend: vllm}
+benchmarks: {names: [gsm8k, mt_bench], num_prompts: 1, max_new_tokens: 16}
+serving: {vllm: {kv_cache_gb: 1, max_model_len: 1024}}
+repeats: 1
+temperatures: [0.0]
+"""
+
+
+def test_table3_vllm_rows_run_through_their_rule_beside_vllms_ar(full_vocab_run, vllm_python, tmp_path):
+    """Table 3 with a vLLM row, through the workflow (the benchmark_vllm rule's own command): vLLM's AR and the row each
+    get a server, every benchmark's prompts one request at a time (MT-Bench's second turn after the method's own first
+    answer); the row is paired with vLLM's AR and labelled with its runtime. On the same drafter, prompts and budget,
+    vLLM's outputs equal our engine's AR and every request's accept lengths equal our engine's at the same bs."""
+    import shutil
+
+    from dscout import config as dcfg
+    from tests.workflow import snakemake
+
+    work = tmp_path / "work"
+    shutil.copytree(full_vocab_run[0], work, symlinks=True)
+    (work / "table3_vllm.yaml").write_text(TABLE3_VLLM)
+    files = ["presets/smoke.yaml", "fullvocab.yaml", "table3_vllm.yaml"]
+    cfg = dcfg.load_config(work / "config.yaml", *[work / f for f in files])
+    bid = dcfg.bench_id(cfg, cfg["target"]["num_layers"])
+    snakemake("--cores", "2", "--configfile", *files, "--", "results/tables/table3.md", cwd=work, timeout=900)
+    served = [json.loads(x) for x in (work / "results" / "bench_server" / bid / "vllm" / "t0" / "r0.jsonl")
+              .read_text().splitlines()]
+    ours = [json.loads(x) for f in sorted((work / "results" / "bench" / bid).rglob("*.jsonl"))
+            for x in f.read_text().splitlines()]
+    assert {r["method_key"].split("-")[0] for r in served} == {"vllm"} and len(served) == 2 * 3
+    key = lambda r: (r["benchmark"], r["prompt_id"], r["turn"])  # noqa: E731
+    ar = {key(r): r["output_ids"] for r in ours if r["method"] == "ar"}
+    engine = {key(r): r for r in ours if r["method"] == "dscout"}
+    assert sorted(ar) == sorted(key(r) for r in served if r["method"] == "ar")  # MT-Bench: both turns
+    for r in served:  # (on these benchmark prompts the tiny drafter accepts little: the equality of accept lengths
+        # with drafts accepted is the full-vocabulary test's above, on contexts like its training data)
+        assert r["output_ids"] == ar[key(r)], f"{r['method_key']} {key(r)}"
+        if r["method"] == "dscout":
+            assert r["matches_ar"] is True and r["accept_lengths_exact"]
+            assert r["accept_lengths"] == engine[key(r)]["accept_lengths"], key(r)
+    table = (work / "results" / "tables" / "table3.md").read_text()
+    assert "| AR · vLLM | 1.00× (" in table and "| DScout-fv(4) · vLLM | " in table
+    assert "vLLM rows: greedy outputs differing from vLLM's own AR: **0**" in table
+
+
 def test_vllm_methods_and_accept_lengths_without_a_server(tmp_path):
     """What vLLM cannot serve is refused before any launch; accept lengths come from the per-step arrays, else the
     histogram (then marked inexact); the CPU venv's stamp follows the lock."""

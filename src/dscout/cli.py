@@ -40,6 +40,13 @@ def stop_token_ids(target, extra: list[str]) -> list[int]:
     return ids(target, extra)
 
 
+def first_turn_ids(tokenizer, items, chat: dict) -> list[list[int]]:
+    """:func:`dscout.data.prompts.first_turn_ids`."""
+    from dscout.data.prompts import first_turn_ids as ids
+
+    return ids(tokenizer, items, chat)
+
+
 def _set_threads(threads: int | None) -> None:
     import torch
 
@@ -299,14 +306,6 @@ def cmd_table3(a):
     write_table3(a.records, a.out_prefix, json.loads(a.stage), accuracy_paths=a.accuracy)
 
 
-def _first_turn_ids(tokenizer, items, chat: dict) -> list[list[int]]:
-    """Chat-templated ids of each benchmark item's first user turn (the stage's system prompt and thinking switch)."""
-    from dscout.data.prompts import chat_prompt_ids
-
-    return [chat_prompt_ids(tokenizer, [{"role": "user", "content": it.turns[0]}], chat.get("system_prompt"),
-                            chat.get("enable_thinking")) for it in items]
-
-
 def _depth_search_inputs(a):
     """The depth search's stage, target, benchmark prompts (first turns, chat-templated) and stop ids."""
     from dscout.data.benchmarks import load_benchmark
@@ -318,7 +317,7 @@ def _depth_search_inputs(a):
     chat = st["chat"]
     items = [it for name in st["benchmarks"]
              for it in load_benchmark(name, data_root(a.data_root), st["num_prompts"], seed=st["seed"])]
-    prompts = _first_turn_ids(target.tokenizer, items, chat)
+    prompts = first_turn_ids(target.tokenizer, items, chat)
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])
     return st, target, prompts, stops
 
@@ -429,7 +428,7 @@ def cmd_serve_cpu(a):
         raise SystemExit(f"dscout serve (c={a.concurrency}, repeat {a.repeat}): the benchmarks {st['benchmarks']} "
                          f"hold {len(items)} prompts, {st['pool_size']} measured + {warm_n} warm-up needed "
                          "(lower serving.pool_factor or add benchmarks)")
-    prompts = _first_turn_ids(target.tokenizer, pool, chat)
+    prompts = first_turn_ids(target.tokenizer, pool, chat)
     ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
     drafters = dict(kv.split("=", 1) for kv in a.drafter)
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])
@@ -439,7 +438,7 @@ def cmd_serve_cpu(a):
         reqs = [{"benchmark": it.benchmark, "prompt_id": pid, "turn": 0, "input_ids": p}
                 for it, pid, p in zip(pool, ids, prompts)]
         warm = [{"benchmark": it.benchmark, "prompt_id": f"{it.benchmark}/{it.prompt_id}", "turn": 0,
-                 "input_ids": p} for it, p in zip(spare, _first_turn_ids(target.tokenizer, spare, chat))]
+                 "input_ids": p} for it, p in zip(spare, first_turn_ids(target.tokenizer, spare, chat))]
         methods = sglang_serving_methods(st, drafters)
         shift = a.repeat % len(methods)  # the servers' order rotates from repeat to repeat (AR included)
         records = []
@@ -512,8 +511,8 @@ def cmd_serve_vllm(a):
     if not spare:
         raise SystemExit(f"dscout serve-vllm (repeat {a.repeat}): the benchmarks {st['benchmarks']} hold "
                          f"{len(items)} prompts, {st['pool_size']} measured + 1 warm-up needed")
-    prompts = _first_turn_ids(target.tokenizer, pool, st["chat"])
-    warmup = _first_turn_ids(target.tokenizer, spare[:1], st["chat"])[0]
+    prompts = first_turn_ids(target.tokenizer, pool, st["chat"])
+    warmup = first_turn_ids(target.tokenizer, spare[:1], st["chat"])[0]
     ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
     stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
     out = Path(a.out)

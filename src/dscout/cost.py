@@ -49,6 +49,7 @@ DEVICE_CONSTANTS: dict[str, dict[str, tuple[float, str]]] = {
         "serving_seconds_per_token": (0.0027, "estimate: benchmarks/gpu_check/report.md's measured 8 ms of GPU work "
                                               "per target forward (SGLang's CUDA graphs remove the launches) / tau 3"),
         "server_startup_seconds": (300.0, "estimate: one SGLang server start with CUDA graphs"),
+        "vllm_startup_seconds": (300.0, "estimate: one vLLM server start with torch.compile and CUDA graphs"),
         "host_bytes_per_second": (1e9, "estimate: shared-filesystem write rate of one job"),
     },
     "cpu": {
@@ -60,6 +61,8 @@ DEVICE_CONSTANTS: dict[str, dict[str, tuple[float, str]]] = {
         "spec_seconds_per_token": (0.015, "estimate"),
         "serving_seconds_per_token": (0.015, "estimate: the batched engine at c = 1"),
         "server_startup_seconds": (0.0, "the batched engine starts in-process"),
+        "vllm_startup_seconds": (60.0, "measured: tests' vLLM servers (CPU build, eager) start, answer one warm-up "
+                                       "and stop in 40-100 s on 2 cores"),
         "host_bytes_per_second": (2e8, "estimate: local disk"),
     },
 }
@@ -374,7 +377,8 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
             if served:
                 n = 1 + len(served)
                 tok = _bench_tokens(b["num_prompts"], max_new, b["names"]) * c["bench_fill"] * n
-                rep = tok * c["serving_seconds_per_token"] + n * c["server_startup_seconds"]
+                start = c["vllm_startup_seconds"] if backend == "vllm" else c["server_startup_seconds"]
+                rep = tok * c["serving_seconds_per_token"] + n * start
                 add(f"benchmark_{backend}", repeats, gpu1, rep, repeat=rep, host=target_bytes,
                     note=f"{backend}: AR + {len(served)} rows, T = {temp:g}")
     s = config.get("study", {})
@@ -397,7 +401,7 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
             n_vllm = 1 + len(sv["vllm"]["block_sizes"])
             tok = max(config["concurrency"]) * sv["max_new_tokens"] * n_vllm * c["bench_fill"]
             rep = (sum(tok * c["serving_seconds_per_token"] / conc for conc in config["concurrency"])
-                   + n_vllm * c["server_startup_seconds"])
+                   + n_vllm * c["vllm_startup_seconds"])
             add("serving_vllm", repeats, gpu1, rep, repeat=rep, host=target_bytes, note="vLLM, every c")
     rows = _with_gpu_memory(rows, config, project_dir)
     return Bill(rows, C, (config.get("cluster") or {}).get("disk_budget_gb"), device)

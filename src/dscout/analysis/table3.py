@@ -159,8 +159,8 @@ def online_lines(sub: list[dict], records: list[dict], temperature: float) -> li
                   "|---|---|---|---|---|---|---|"]
         within, above = [], []
         for b, r in rows.items():
-            fixed = [x for x in sub if x["benchmark"] == b and x["drafter"] == drafter
-                     and isinstance(x["block_size"], int)]
+            fixed = [x for x in sub if x["benchmark"] == b and x["drafter"] == drafter  # on the same runtime
+                     and isinstance(x["block_size"], int) and x.get("runtime") == r.get("runtime")]
             best = max(fixed, key=lambda x: x["speedup_mean"] or 0.0) if fixed else None
             b16 = next((x for x in fixed if x["block_size"] == 16), None)
             chosen = [c for x in recs if b in (x["benchmark"], "average") for c in x.get("round_block_sizes") or []]
@@ -209,14 +209,16 @@ def write_table3(record_paths, out_prefix: str, stage: dict, accuracy_paths=()) 
              "Speedup = AR TPOT / method TPOT, paired with the AR run of the same repeat on the method's own "
              "runtime (rows marked vLLM / SGLang were served by that runtime, beside its own AR) (± its std over "
              "repeats); τ = mean accepted tokens per round, (± its std over the cell's requests: the spread "
-             "across prompts). Every number is computed from the raw records in `results/bench/`. AR cells show "
-             "its TPOT.", ""]
+             "across prompts). Every number is computed from the raw records in `results/bench/` (our engine) and "
+             "`results/bench_server/` (server rows). AR cells show its TPOT.", ""]
     tex = []
     for t in temps:
         sub = [r for r in rows if r["temperature"] == t and r["concurrency"] == 1]
         lines += [f"## Temperature {t:g}", ""] + markdown_grid(sub, benches, table3_cell) + [""]
-        mism = sum(r["mismatches"] for r in sub if r["benchmark"] == "average")
-        ties = sum(r["near_ties"] for r in sub if r["benchmark"] == "average")
+        ours = [r for r in sub if r["benchmark"] == "average" and r.get("runtime", "transformers") == "transformers"]
+        served = [r for r in sub if r["benchmark"] == "average" and r.get("runtime", "transformers") != "transformers"]
+        mism = sum(r["mismatches"] for r in ours)
+        ties = sum(r["near_ties"] for r in ours)
         toks = [v["new_tokens"] for (b, k, tt, c, rep), v in per_run(records).items() if tt == t and c == 1]
         if toks:
             lines += [f"Decoded tokens per (benchmark, method, repeat): min {min(toks)}, median "
@@ -224,6 +226,11 @@ def write_table3(record_paths, out_prefix: str, stage: dict, accuracy_paths=()) 
         if t == 0:
             lines += [f"Greedy outputs differing from AR: **{mism}** (bugs) + {ties} at a floating-point "
                       f"near-tie (top-2 logit gap < ε = {stage.get('near_tie_epsilon', '?')}).", ""]
+            for runtime in sorted({r["runtime"] for r in served}):
+                n = sum(r["mismatches"] for r in served if r["runtime"] == runtime)
+                lines += [f"{RUNTIME_LABELS.get(runtime, runtime)} rows: greedy outputs differing from "
+                          f"{RUNTIME_LABELS.get(runtime, runtime)}'s own AR: **{n}** (a server returns no logits, so "
+                          "near-ties are not told apart there).", ""]
         lines += online_lines(sub, records, t)
         lines += accuracy_lines(sub, t)
         tex.append(latex_grid(sub, benches, table3_cell,

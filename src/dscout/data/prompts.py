@@ -134,3 +134,14 @@ def chat_prompt_ids(tokenizer, messages: list[dict], system_prompt: str | None =
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+def first_turn_ids(tokenizer, items, chat: dict) -> list[list[int]]:
+    """Chat-templated ids of each benchmark item's first user turn.
+
+    Args:
+        items: :class:`dscout.data.benchmarks.BenchmarkPrompt` (``turns[0]`` is sent).
+        chat: the stage's ``{"system_prompt", "enable_thinking"}``.
+    """
+    return [chat_prompt_ids(tokenizer, [{"role": "user", "content": it.turns[0]}], chat.get("system_prompt"),
+                            chat.get("enable_thinking")) for it in items]

@@ -48,6 +48,14 @@ def server_methods(stage: dict, runtime: str) -> list[dict]:
     return rows
 
 
+def sglang_drafter_path(method: dict, drafters: dict[str, str]) -> str | None:
+    """What SGLang loads as a row's drafter: a published drafter's hub id (``checkpoint``), else the trained folder
+    (``drafters[name]``, DFlash's checkpoint layout); None for AR."""
+    if method.get("checkpoint"):
+        return method["checkpoint"]
+    return drafters[method["drafter"]] if method.get("drafter") else None
+
+
 def rotated(methods: list, repeat: int) -> list:
     """The methods in this repeat's order: rotated by ``repeat`` (AR first in repeat 0)."""
     shift = repeat % len(methods)
@@ -227,9 +235,8 @@ def run_server_bench_job(stage: dict, *, target_dir: str, drafters: dict[str, st
         target = SimpleNamespace(tokenizer=tokenizer)
 
         def open_server(m):
-            ddir = m.get("checkpoint") or (drafters[m["drafter"]] if m.get("drafter") else None)
             logs.mkdir(parents=True, exist_ok=True)
-            return SglangServer(model, m, ddir, log_path=logs / f"{m['key']}.server.log",
+            return SglangServer(model, m, sglang_drafter_path(m, drafters), log_path=logs / f"{m['key']}.server.log",
                                 job=f"{job}, method {m['key']}", launch=launch)
 
     stops = stop_token_ids(target, stage["chat"].get("stop_tokens") or [])
