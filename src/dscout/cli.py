@@ -491,12 +491,10 @@ def cmd_serve_cpu(a):
 def cmd_serve_vllm(a):
     """Table 4's vLLM rows for one repeat (:mod:`dscout.evaluation.vllm_serving`): the DFlash drafter exported in
     vLLM's layout next to the output, vLLM's env built or reused, then every server at every level."""
-    import importlib.util
-
-    from dscout.backends.vllm_env import ensure_vllm_env
     from dscout.config import write_resolved
     from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
+    from dscout.evaluation.server_bench import vllm_interpreter
     from dscout.evaluation.serving import write_records
     from dscout.evaluation.vllm_serving import vllm_serving_records
     from dscout.models.export import drafter_for_target, export_vllm_dflash
@@ -518,12 +516,7 @@ def cmd_serve_vllm(a):
     out = Path(a.out)
     export = out.parent / f"r{a.repeat}.vllm-dflash"  # vLLM's layout of the DFlash drafter (reduced vocabulary too)
     export_vllm_dflash(drafter_for_target(a.drafter, target), export, dtype=target.dtype)
-    if a.vllm_python:
-        python = a.vllm_python
-    elif importlib.util.find_spec("vllm") is not None:  # the job's own env has vLLM (the cluster's envs/vllm.yaml)
-        python = sys.executable
-    else:  # this machine: the project's CPU venv
-        python = str(ensure_vllm_env(os.environ.get("DSCOUT_VLLM_ENV") or a.vllm_env))
+    python = vllm_interpreter(a.vllm_python, a.vllm_env)
     model = sglang_model_path(a.target)  # what a server loads: the materialised folder, or the hub id
     model = str(Path(model).resolve()) if Path(model).exists() else model
     records = vllm_serving_records(python, model, str(export.resolve()), st, prompts, ids, warmup,

@@ -168,7 +168,8 @@ def run_server_bench_job(stage: dict, *, target_dir: str, drafters: dict[str, st
     benchmark of ``stage["names"]``, written to ``out`` (one JSONL, every method's records).
 
     Resumable per method: each method's records go to ``<out>.partial/<key>.jsonl`` when its server is done, and a
-    rerun of the job serves only the methods without such a file; ``out`` is written once all are done.
+    rerun of the same job (same stage, temperature and repeat: ``<out>.partial/job.json``) serves only the methods
+    without such a file; ``out`` is written once all are done.
 
     Args:
         stage: :func:`dscout.config.server_slice` of the bench stage.
@@ -190,10 +191,16 @@ def run_server_bench_job(stage: dict, *, target_dir: str, drafters: dict[str, st
     from ..jsonl import read_jsonl, write_jsonl
     from ..models.target import load_prepared_target, server_model_path, stop_token_ids
 
+    import json
+
     runtime = stage["runtime"]
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
+    this_job = json.dumps({"stage": stage, "temperature": temperature, "repeat": repeat}, sort_keys=True)
+    if partial.is_dir() and (not (partial / "job.json").is_file() or (partial / "job.json").read_text() != this_job):
+        shutil.rmtree(partial)  # records of another stage (a changed config): never mixed into this job's
     partial.mkdir(parents=True, exist_ok=True)
+    (partial / "job.json").write_text(this_job)
     logs = out.with_name(out.stem + ".logs")
     model = server_model_path(target_dir)
     model = str(Path(model).resolve()) if Path(model).exists() else model
