@@ -145,7 +145,7 @@ def test_an_sglang_job_serves_every_method_and_keeps_finished_ones_when_a_server
                                           r"the server on port \d+ exited with code 3 during the request gsm8k/"):
         run_server_bench_job(**job, launch=dying)
     assert not out.exists()
-    assert sorted(p.name for p in partial.iterdir()) == [f"{keys['DScout(4) · SGLang']}.jsonl"]
+    assert sorted(p.name for p in partial.iterdir()) == ["job.json", f"{keys['DScout(4) · SGLang']}.jsonl"]
     assert "--speculative-num-draft-tokens" in dying.launched[0] and "/drafters/dscout" in dying.launched[0]
     # the rerun serves the two methods left: warm-up + gsm8k (1 turn) + MT-Bench (2 turns) each
     sent = tmp_path / "sent.jsonl"
@@ -164,3 +164,11 @@ def test_an_sglang_job_serves_every_method_and_keeps_finished_ones_when_a_server
     rows = {r["method_key"]: r for r in summarize(lines) if r["benchmark"] == "average"}
     assert rows[keys["DScout(4) · SGLang"]]["runtime"] == "sglang"
     assert rows[keys["DScout(4) · SGLang"]]["mat_mean"] > 1
+    # records kept under another stage (the config changed between attempts) are discarded, not mixed in
+    partial.mkdir()
+    (partial / "job.json").write_text(json.dumps({"stage": "an older one"}))
+    (partial / "sglang-ar.jsonl").write_text(json.dumps({**lines[0], "output_text": "stale"}) + "\n")
+    fresh = _stub_launch()
+    run_server_bench_job(**job, launch=fresh)
+    assert len(fresh.launched) == 3
+    assert "stale" not in out.read_text()
