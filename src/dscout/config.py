@@ -535,6 +535,19 @@ def method_backend(spec: dict) -> str:
     return spec.get("backend") or "engine"
 
 
+def table3_methods(cfg: dict) -> list[dict]:
+    """The rows of ``methods`` with ``benchmarks.backend_stand_in`` applied: a row whose runtime has a stand-in runs on
+    it (``engine``: the key is dropped, so the row is exactly an engine row). The paper_mini preset runs the paper's
+    SGLang rows on our engine this way (SGLang needs a GPU)."""
+    stand_in = (cfg.get("benchmarks") or {}).get("backend_stand_in") or {}
+    rows = []
+    for m in cfg.get("methods", []):
+        backend = stand_in.get(method_backend(m), method_backend(m))
+        row = {k: v for k, v in m.items() if k != "backend"}
+        rows.append(row if backend == "engine" else {**row, "backend": backend})
+    return rows
+
+
 def method_backend_problems(cfg: dict) -> list[str]:
     """Plan-time problems of Table 3's server rows (``methods[i].backend``), each naming its key.
 
@@ -544,7 +557,7 @@ def method_backend_problems(cfg: dict) -> list[str]:
     """
     problems = []
     drafters = cfg.get("drafters", {})
-    for i, m in enumerate(cfg.get("methods", [])):
+    for i, m in enumerate(table3_methods(cfg)):
         backend = method_backend(m)
         if backend == "engine":
             continue
@@ -592,7 +605,7 @@ def server_method_keys(stage: dict, backend: str) -> list[str]:
 def method_specs(cfg: dict, num_target_layers: int) -> list[dict]:
     """The rows of ``methods``, each with the id of the drafter it decodes with (``drafter_id``)."""
     specs = []
-    for m in cfg["methods"]:
+    for m in table3_methods(cfg):
         spec = dict(m)
         if m.get("drafter"):
             spec["drafter_id"] = drafter_id(cfg, m["drafter"], num_target_layers)

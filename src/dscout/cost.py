@@ -359,7 +359,7 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
 
     # benchmarks: AR + every method side by side, one job per (benchmark, temperature, repeat)
     b = config["benchmarks"]
-    methods = config["methods"]
+    methods = dcfg.table3_methods(config)
     repeats = int(config["repeats"])
     for temp in config["temperatures"]:
         rule = "benchmark" if float(temp) == 0 else "benchmark_sampled"
