@@ -140,7 +140,7 @@ def test_table3_vllm_rows_run_through_their_rule_beside_vllms_ar(full_vocab_run,
     import shutil
 
     from dscout import config as dcfg
-    from tests.workflow import snakemake
+    from tests.workflow import import_guard_env, snakemake
 
     work = tmp_path / "work"
     shutil.copytree(full_vocab_run[0], work, symlinks=True)
@@ -148,7 +148,9 @@ def test_table3_vllm_rows_run_through_their_rule_beside_vllms_ar(full_vocab_run,
     files = ["presets/smoke.yaml", "fullvocab.yaml", "table3_vllm.yaml"]
     cfg = dcfg.load_config(work / "config.yaml", *[work / f for f in files])
     bid = dcfg.bench_id(cfg, cfg["target"]["num_layers"])
-    snakemake("--cores", "2", "--configfile", *files, "--", "results/tables/table3.md", cwd=work, timeout=900)
+    # every job with what its rule's conda env lacks made unimportable (envs/vllm.yaml for benchmark_vllm)
+    snakemake("--cores", "2", "--configfile", *files, "--", "results/tables/table3.md", cwd=work, timeout=900,
+              env=import_guard_env(work, files))
     served = [json.loads(x) for x in (work / "results" / "bench_server" / bid / "vllm" / "t0" / "r0.jsonl")
               .read_text().splitlines()]
     ours = [json.loads(x) for f in sorted((work / "results" / "bench" / bid).rglob("*.jsonl"))

@@ -15,6 +15,9 @@ benchmark, temperature and repeat. Timing: vLLM's per-request ``generation_time_
 engine's ``decode_seconds``); SGLang's ``e2e_latency`` (prefill included: its speedups are conservative by the
 prefill's share). Greedy outputs are judged against the runtime's AR (``matches_ar``); the near-tie judgement needs
 the target's logits, which a server does not return, so ``near_tie`` stays None and every difference counts.
+
+The job does not score task accuracy (``correct`` stays None): a lossless row's accuracy is AR's, which our engine's
+jobs score (lm-eval's metrics live in the training env, not in a server's env).
 """
 
 from __future__ import annotations
@@ -247,13 +250,11 @@ def run_server_bench_job(stage: dict, *, target_dir: str, drafters: dict[str, st
                                 job=f"{job}, method {m['key']}", launch=launch)
 
     stops = stop_token_ids(target, stage["chat"].get("stop_tokens") or [])
-    b = stage["benchmarks"]
     records = dict(done)
     if todo:
         fresh = server_bench_records(open_server, todo, prompts, budgets,
                                      tokenizer=tokenizer, chat=stage["chat"], temperature=temperature, repeat=repeat,
-                                     stop_token_ids=stops, score_outputs=b.get("score", True),
-                                     execute_code=b.get("confirm_run_unsafe_code", False),
+                                     stop_token_ids=stops, score_outputs=False,
                                      on_method_done=lambda key, recs: write_jsonl(recs, partial / f"{key}.jsonl"))
         records.update(fresh)
     if temperature == 0:
