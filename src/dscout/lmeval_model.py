@@ -92,7 +92,7 @@ class DScoutLM(LM):
         import torch
 
         from .evaluation.methods import build_methods
-        from .cli import _device, load_target
+        from .models.target import load_prepared_target as load_target, process_device as _device
         from .models.target import TargetModel
 
         if threads:

@@ -330,7 +330,7 @@ def _tiny_qwen3_target(source: str, out: Path, data_root) -> Path:
     return out
 
 
-def _process_device(name: str) -> str:
+def process_device(name: str) -> str:
     """This process's device for ``target.device`` = ``name``, made current (a rank of a multi-GPU launch gets
     ``cuda:<LOCAL_RANK>``: :func:`dscout.models.placement.place_process`)."""
     from .placement import place_process
@@ -359,7 +359,7 @@ def load_prepared_target(target_dir: str | os.PathLike, stage: dict | None = Non
     info = json.loads((Path(target_dir) / "target.json").read_text())
     t = info.get("stage", stage or {})
     return TargetModel.load(server_model_path(target_dir), dtype=getattr(torch, t.get("dtype", "float32")),
-                            device=_process_device(t.get("device", "auto")),
+                            device=process_device(t.get("device", "auto")),
                             attn_implementation=t.get("attn_implementation"))
 
 
