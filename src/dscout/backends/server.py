@@ -141,3 +141,79 @@ def records_and_summary(results: list[tuple[dict, dict, float]], convert, *, met
     tokens = sum(r["new_tokens"] for r in records)
     return records, {"wall_seconds": wall, "completion_tokens": tokens, "throughput_tok_s": tokens / wall,
                      "concurrency": concurrency, "method": method.get("key", method["kind"]), "port": port}
+
+
+class ServerProcess:
+    """The lifecycle both backends' server classes share (:class:`dscout.backends.vllm.VllmServer`,
+    :class:`dscout.backends.sglang.SglangServer`): a port claimed, the process launched with its log, the wait for
+    health and the identity check (the server stopped when either fails), stop, ``with`` support, and errors naming
+    the job, the port, the phase and the log.
+
+    A subclass sets ``runtime`` (``"vllm"`` / ``"sglang"``: in health errors), ``label`` (how errors name the
+    server) and the attributes ``job``, ``port``, ``log_path``, ``health_timeout`` and ``launch``, and implements
+    ``start`` with :meth:`_claim_port`, :meth:`_launch` and :meth:`_await`.
+    """
+
+    runtime = "server"
+    label = "server"
+    quote_log = False  # quote the log's last lines in :meth:`failed` (vLLM's tracebacks end there)
+    proc = _log = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _claim_port(self) -> None:
+        """A free port when none was given; a given one must be free.
+
+        Raises:
+            ServerError: the given port is in use.
+        """
+        if self.port is None:
+            self.port = free_port()
+        elif port_in_use(self.port):
+            raise ServerError(f"{self.job}: port {self.port} is in use by another process: pick another "
+                              "(or none: a free one)")
+
+    def _launch(self, cmd: list[str], env: dict) -> None:
+        """Start ``cmd`` with its stdout and stderr in the log (``launch`` when given: tests start a stub)."""
+        if self.log_path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
+        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
+        self.proc = (self.launch or (lambda c, out, e: subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT,
+                                                                        env=e)))(cmd, self._log, env)
+
+    def _await(self, check_identity) -> None:
+        """Wait for health, then ``check_identity()``; stop the server when either fails (and re-raise)."""
+        try:
+            wait_for_server(self.base_url, self.proc, timeout=self.health_timeout, job=self.job,
+                            log_path=self.log_path, runtime=self.runtime)
+            check_identity()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_server(self.proc, self._log)
+            self.proc = self._log = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def failed(self, phase: str, err: Exception) -> ServerError:
+        """A :class:`ServerError` for a failure while the server was in use (its state and log named); a server
+        that dropped the connection gets a few seconds to exit, so that the error says whether it died."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        state = (f"exited with code {self.proc.poll()}" if self.proc is not None and self.proc.poll() is not None
+                 else "failed")
+        where = f" (server log: {self.log_path})" if self.log_path else ""
+        return ServerError(f"{self.job}: the {self.label} on port {self.port} {state} during the {phase}: {err}"
+                           f"{where}{log_tail(self.log_path) if self.quote_log else ''}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from tqdm import tqdm
 
 from .server import ServerError, free_port, port_in_use, stop_server, wait_for_server  # noqa: F401 (re-exported)
 from .server import closed_loop as _closed_loop
-from .server import get_json, records_and_summary
+from .server import ServerProcess, get_json, records_and_summary
 from .server import post_json as _post
 
 
@@ -211,7 +210,7 @@ def sampling_params(max_new_tokens: int, temperature: float, stop_token_ids=(), 
     return sampling
 
 
-class SglangServer:
+class SglangServer(ServerProcess):
     """One SGLang server of one method on loopback, identified before use (as :class:`dscout.backends.vllm.VllmServer`).
 
     ``with SglangServer(target, method, drafter_dir) as srv: srv.generate(ids, sampling)``. :meth:`start` picks a
@@ -232,57 +231,17 @@ class SglangServer:
         self.concurrency, self.port, self.log_path = concurrency, port, log_path
         self.job = job or f"SGLang server of {method.get('key', method['kind'])}"
         self.health_timeout, self.launch = health_timeout, launch
-        self.proc = self._log = None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    runtime, label = "sglang", "server"
 
     def start(self) -> "SglangServer":
-        if self.port is None:
-            self.port = free_port()
-        elif port_in_use(self.port):
-            raise ServerError(f"{self.job}: port {self.port} is in use by another process: pick another "
-                              "(or none: a free one)")
-        cmd = server_command(self.target, self.method, self.port, self.concurrency, self.drafter_dir)
-        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        env = {**os.environ, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-        self.proc = (self.launch or (lambda c, out, e: subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT,
-                                                                        env=e)))(cmd, self._log, env)
-        try:
-            wait_for_server(self.base_url, self.proc, timeout=self.health_timeout, job=self.job,
-                            log_path=self.log_path, runtime="sglang")
-            check_server_identity(server_info(self.base_url),
-                                  expected_identity(self.target, self.method, self.drafter_dir, self.port),
-                                  port=self.port, job=self.job)
-        except BaseException:
-            self.stop()
-            raise
+        self._claim_port()
+        self._launch(server_command(self.target, self.method, self.port, self.concurrency, self.drafter_dir),
+                     {**os.environ, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"})
+        self._await(lambda: check_server_identity(
+            server_info(self.base_url), expected_identity(self.target, self.method, self.drafter_dir, self.port),
+            port=self.port, job=self.job))
         return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_server(self.proc, self._log)
-            self.proc = self._log = None
-
-    def __enter__(self) -> "SglangServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def failed(self, phase: str, err: Exception) -> ServerError:
-        """A :class:`ServerError` for a failure while the server was in use (its state and log named); a server
-        that dropped the connection gets a few seconds to exit, so that the error says whether it died."""
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        state = (f"exited with code {self.proc.poll()}" if self.proc is not None and self.proc.poll() is not None
-                 else "failed")
-        return ServerError(f"{self.job}: the server on port {self.port} {state} during the {phase}: {err}"
-                           + (f" (server log: {self.log_path})" if self.log_path else ""))
 
     def generate(self, input_ids: list[int], sampling: dict) -> dict:
         """One blocking native ``/generate`` call; the answer's JSON."""

@@ -30,12 +30,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 import time
-from pathlib import Path
 
-from .server import (ServerError, closed_loop, free_port, get_json, log_tail, port_in_use, post_json,
-                     records_and_summary, stop_server, wait_for_server)
+from .server import ServerError, ServerProcess, closed_loop, get_json, post_json, records_and_summary
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -208,7 +205,7 @@ def record_from_completion(resp: dict, *, benchmark: str, prompt_id: str, turn: 
         decode_excludes_prefill=gen is not None, finish_reason=choice.get("finish_reason"))
 
 
-class VllmServer:
+class VllmServer(ServerProcess):
     """One vLLM server of one method, started on a free loopback port and identified before use.
 
     ``with VllmServer(...) as srv: srv.complete(ids, 64)``. The constructor only records; :meth:`start` launches,
@@ -241,11 +238,8 @@ class VllmServer:
         self.job = job or f"vllm server of {method.get('key', method['kind'])}"
         self.launch = launch
         self.served_name = f"dscout-{method.get('key', method['kind'])}-{secrets.token_hex(6)}"
-        self.proc = self._log = None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    runtime, label, quote_log = "vllm", "vLLM server", True
 
     def command(self) -> list[str]:
         return server_command(self.python, self.target, self.method, self.port, self.served_name, self.drafter_dir,
@@ -253,11 +247,7 @@ class VllmServer:
                               enforce_eager=self.enforce_eager)
 
     def start(self) -> "VllmServer":
-        if self.port is None:
-            self.port = free_port()
-        elif port_in_use(self.port):
-            raise ServerError(f"{self.job}: port {self.port} is in use by another process: pick another "
-                              "(or none: a free one)")
+        self._claim_port()
         cmd = self.command()  # raises KeyError for a method vLLM cannot serve, before anything starts
         if self.drafter_dir is not None and self.method["kind"] in ("dflash", "dscout"):
             from ..models.export import check_vllm_checkpoint
@@ -266,47 +256,12 @@ class VllmServer:
             if problems:  # vLLM would load it without a word and draft from initialised weights
                 raise ServerError(f"{self.job}: the drafter {self.drafter_dir} is not a checkpoint vLLM drafts with "
                                   "as exported: " + "; ".join(problems) + " (no server started)")
-        if self.log_path:
-            Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        env = server_env(self.kv_cache_gb)
-        self.proc = (self.launch or (lambda c, out, e: subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT,
-                                                                        env=e)))(cmd, self._log, env)
-        try:
-            wait_for_server(self.base_url, self.proc, timeout=self.health_timeout, job=self.job,
-                            log_path=self.log_path, runtime="vllm")
-            check_server_identity(server_identity(self.base_url),
-                                  expected_identity(self.target, self.method, self.drafter_dir, self.served_name),
-                                  port=self.port, job=self.job)
-        except BaseException:
-            self.stop()
-            raise
+        self._launch(cmd, server_env(self.kv_cache_gb))
+        self._await(lambda: check_server_identity(
+            server_identity(self.base_url),
+            expected_identity(self.target, self.method, self.drafter_dir, self.served_name),
+            port=self.port, job=self.job))
         return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_server(self.proc, self._log)
-            self.proc = self._log = None
-
-    def __enter__(self) -> "VllmServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def failed(self, phase: str, err: Exception) -> ServerError:
-        """A :class:`ServerError` for a failure while the server was in use (its state and log named); a server
-        that dropped the connection gets a few seconds to exit, so that the error says whether it died."""
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        state = (f"exited with code {self.proc.poll()}" if self.proc is not None and self.proc.poll() is not None
-                 else "failed")
-        where = f" (server log: {self.log_path})" if self.log_path else ""
-        return ServerError(f"{self.job}: the vLLM server on port {self.port} {state} during the {phase}: {err}"
-                           f"{where}{log_tail(self.log_path)}")
 
     def complete(self, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                  stop_token_ids: list[int] | tuple[int, ...] = (), seed: int | None = None) -> dict:
