@@ -31,7 +31,6 @@ from tqdm import tqdm
 from ..data.benchmarks import BenchmarkPrompt
 from ..data.prompts import chat_prompt_ids
 from .runner import _seed
-from .scoring import score
 
 
 def server_methods(stage: dict, runtime: str) -> list[dict]:
@@ -68,7 +67,6 @@ def rotated(methods: list, repeat: int) -> list:
 def server_bench_records(open_server: Callable[[dict], AbstractContextManager], methods: list[dict],
                          prompts: dict[str, list[BenchmarkPrompt]], budgets: dict[str, int], *, tokenizer,
                          chat: dict, temperature: float, repeat: int, stop_token_ids: list[int],
-                         score_outputs: bool = True, execute_code: bool = False,
                          on_method_done: Callable[[str, list[dict]], None] | None = None) -> dict[str, list[dict]]:
     """Decode every benchmark's prompts with every method's server, one request at a time (module doc).
 
@@ -76,8 +74,8 @@ def server_bench_records(open_server: Callable[[dict], AbstractContextManager], 
         open_server: ``method -> context manager`` yielding a started, identified server with ``ask(input_ids,
             max_new_tokens, temperature, stop_token_ids, seed) -> answer``, ``to_record(answer, **fields)`` and
             ``failed(phase, err) -> ServerError``.
-        methods: :func:`server_methods`, or those of them still to run; greedy outputs are judged against the
-            runtime's AR when it is among them (else by the caller: :func:`judge_against_ar`).
+        methods: :func:`server_methods`, or those of them still to run (greedy outputs are judged against the
+            runtime's AR by the caller, once every method has run: :func:`judge_against_ar`).
         prompts: benchmark -> its prompts (:func:`dscout.data.benchmarks.stage_prompts`).
         budgets: benchmark -> new tokens per turn.
         tokenizer: the target's (chat template).
@@ -116,16 +114,11 @@ def server_bench_records(open_server: Callable[[dict], AbstractContextManager], 
                                             temperature=temperature, repeat=repeat, concurrency=1,
                                             wall_seconds=time.perf_counter() - t0)
                         rec.update(prompt_tokens=len(ids), seed=seed, server_port=srv.port)
-                        if score_outputs and turn == len(item.turns) - 1:
-                            rec["correct"] = score(bench, rec["output_text"], item.reference, execute_code)
                         recs.append(rec)
                         history = msgs + [{"role": "assistant", "content": rec["output_text"]}]
         records[m["key"]] = recs
         if on_method_done is not None:
             on_method_done(m["key"], recs)
-    ar = [m["key"] for m in methods if m["kind"] == "ar"]
-    if temperature == 0 and ar:
-        judge_against_ar(records, ar[0])
     return records
 
 
@@ -254,7 +247,7 @@ def run_server_bench_job(stage: dict, *, target_dir: str, drafters: dict[str, st
     if todo:
         fresh = server_bench_records(open_server, todo, prompts, budgets,
                                      tokenizer=tokenizer, chat=stage["chat"], temperature=temperature, repeat=repeat,
-                                     stop_token_ids=stops, score_outputs=False,
+                                     stop_token_ids=stops,
                                      on_method_done=lambda key, recs: write_jsonl(recs, partial / f"{key}.jsonl"))
         records.update(fresh)
     if temperature == 0:
