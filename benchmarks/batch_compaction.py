@@ -8,7 +8,7 @@ and throughput ratio to the AR batch of the same pass (AR's requests all finish 
 cannot change AR beyond noise). Outputs must equal AR's in every batch.
 
     python benchmarks/batch_compaction.py --target results/target/<id> --dscout results/drafters/<id> \
-        --concurrency 8,16,32 --passes 4 --out benchmarks/batch_compaction.md
+        --concurrency 8,16,32 --passes 4 --out reports/batch_compaction/report.md
 """
 
 from __future__ import annotations

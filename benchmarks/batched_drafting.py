@@ -3,10 +3,10 @@ forward, one packed forward) and serving at c = 1, 8, 16, 32 with AR, DScout at 
 side by side in one process.
 
 Usage (after a target and a DScout drafter exist, e.g. the quick drafter of
-``benchmarks/batched_drafting/quick_drafter.yaml`` or the CPU default's)::
+``reports/batched_drafting/quick_drafter.yaml`` or the CPU default's)::
 
     python benchmarks/batched_drafting.py --target results/target/<id> --drafter results/drafters/<id> \
-        --out benchmarks/batched_drafting
+        --out reports/batched_drafting
 
 Part 1 (draft cost): for each c and bs, one draft round's drafter work on ragged contexts (lengths spread over
 ``[ctx/2, ctx]``) with ``--committed`` new tokens per request since the last round:

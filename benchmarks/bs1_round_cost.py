@@ -12,7 +12,7 @@ And the batched engine at each ``--concurrency``: AR against a controller that m
 Per engine: ms per token (median over passes) and each pass's ratio to AR's in the same pass (median [min, max]).
 
     python benchmarks/bs1_round_cost.py --target results/target/<id> --drafter results/drafters/<dscout id> \
-        --out benchmarks/bs1_round_cost/report.md
+        --out reports/bs1_round_cost/report.md
 """
 
 from __future__ import annotations

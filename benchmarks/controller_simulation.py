@@ -13,7 +13,7 @@ every round of a simulated job of ``--rounds`` rounds (about three repeats of a 
 Tokens per unit time are reported against AR (a bs-1 round = 1 token per unit) and against the best fixed bs,
 as the median over ``--seeds`` jobs.
 
-    python benchmarks/controller_simulation.py --out benchmarks/controller_simulation/report.md
+    python benchmarks/controller_simulation.py --out reports/controller_simulation/report.md
 """
 
 from __future__ import annotations

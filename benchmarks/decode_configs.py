@@ -10,7 +10,7 @@ Usage (after the pipeline trained the drafters)::
 
     python benchmarks/decode_configs.py --target results/target/<id> \
         --drafter eagle3=results/drafters/<id> --drafter pard2=results/drafters/<id> \
-        --drafter dscout=results/drafters/<id> --out benchmarks/decode_configs
+        --drafter dscout=results/drafters/<id> --out reports/decode_configs
 
 Writes ``results.json`` and ``report.md`` to ``--out``.
 """
@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True)
     p.add_argument("--drafter", action="append", required=True, help="KIND=DIR (eagle3, pard2, dflash, dscout)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks/decode_configs"))
+    p.add_argument("--out", default=str(ROOT / "reports/decode_configs"))
     p.add_argument("--benchmarks", default="gsm8k,humaneval,mt_bench")
     p.add_argument("--num-prompts", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=96)

@@ -12,7 +12,7 @@ runner on held-out benchmark prompts (greedy, one process, nothing else running)
 Usage (after ``snakemake --cores 2 <feature cache>`` has written the target and the cache)::
 
     python benchmarks/drafter_efficiency.py --target results/target/<id> \
-        --features results/features/<responses id>/<cache id> --out benchmarks/drafter_efficiency \
+        --features results/features/<responses id>/<cache id> --out reports/drafter_efficiency \
         --budget 150 --variants base,anchors64,... --engine base,best
 
 A lever ``steps<N>`` (in ``--combine``) trains N updates instead of the time budget (training-time scaling).
@@ -305,7 +305,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True)
     p.add_argument("--features", required=True)
-    p.add_argument("--out", default=str(ROOT / "benchmarks/drafter_efficiency"))
+    p.add_argument("--out", default=str(ROOT / "reports/drafter_efficiency"))
     p.add_argument("--work", default=str(ROOT / "results/studies/drafter_efficiency"))
     p.add_argument("--budget", type=float, default=150.0, help="CPU seconds of training per variant")
     p.add_argument("--holdout", type=int, default=24, help="last sequences never trained on")

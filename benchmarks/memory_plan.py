@@ -1,6 +1,6 @@
 """Memory per GPU and training time of the paper preset's drafters: the memory plan and a FLOP-based update time.
 
-Writes ``benchmarks/memory_plan/report.md`` (provenance header: date, commit, host CPU, command, wall time):
+Writes ``reports/memory_plan/report.md`` (provenance header: date, commit, host CPU, command, wall time):
 
 * the memory plan (:mod:`dscout.training.memory_plan`: one real update per trained drafter on fake tensors, peak
   bytes per GPU with a breakdown) of ``presets/paper.yaml``, beside the plan-time formula

@@ -13,7 +13,7 @@ of mapped files, shared by every rank of a node through the page cache):
   start-up warning);
 * ``resume scan``: the ids of the rows already written (before: every row parsed and the file rewritten).
 
-Usage: ``python benchmarks/responses_startup.py --rows 1400000 --out benchmarks/responses_startup/report.md``.
+Usage: ``python benchmarks/responses_startup.py --rows 1400000 --out reports/responses_startup/report.md``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Our engine side by side with z-lab's reference runtime (``dflash`` 0.1.0, ``dflash_generate``) on the CPU
 default target, SmolLM2-135M-Instruct.
 
-One full-vocabulary DScout drafter is trained briefly by the pipeline (``benchmarks/upstream_parity/pipeline.yaml``
+One full-vocabulary DScout drafter is trained briefly by the pipeline (``reports/upstream_parity/pipeline.yaml``
 over ``config.yaml``: 48 response sequences, 200 updates; equality and time per token are measured, not quality),
 exported with :func:`dscout.models.export.export_dflash` and loaded by ``DFlashDraftModel.from_pretrained``. One
 prompt of each of the six benchmarks is then decoded greedily at bs 4 and 16 by both runtimes in the same process,
@@ -20,7 +20,7 @@ oneDNN pre-packed weights, :func:`dscout.models.linear.pack_linears`, the kernel
 
 Usage (one command; trains the drafter first if ``results/`` lacks it)::
 
-    python benchmarks/upstream_parity.py --out benchmarks/upstream_parity
+    python benchmarks/upstream_parity.py --out reports/upstream_parity
 
 Writes ``results.json`` and ``README.md`` (the report) to ``--out``. Run it on a quiet machine: the report
 records the load average and the other processes' CPU share seen at the start and the end.
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-OVERLAY = "benchmarks/upstream_parity/pipeline.yaml"
+OVERLAY = "reports/upstream_parity/pipeline.yaml"
 BENCHMARKS = ["gsm8k", "math500", "humaneval", "mbpp", "livecodebench", "mt_bench"]
 
 
@@ -71,7 +71,7 @@ def train_drafter(cores: int) -> Path:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="benchmarks/upstream_parity")
+    ap.add_argument("--out", default="reports/upstream_parity")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--block-sizes", default="4,16")
     ap.add_argument("--repeats", type=int, default=2)

@@ -8,7 +8,7 @@ off / on / on / off ..., one prefill shared by all, and reports each batch's dec
 throughput ratio to AR's of the same pass; the outputs must equal AR's in every batch.
 
     python benchmarks/verify_gqa.py --target results/target/<id> --dscout results/drafters/<id> --concurrency 32 \
-        --passes 4 --out benchmarks/verify_gqa.md
+        --passes 4 --out reports/verify_gqa/report.md
 """
 
 from __future__ import annotations

@@ -43,10 +43,10 @@ DEVICE_CONSTANTS: dict[str, dict[str, tuple[float, str]]] = {
         "train_mfu": (0.35, "estimate: model-FLOP utilisation of DeepSpeed ZeRO-2 bf16 training at 8B scale"),
         "generate_mfu": (0.20, "estimate: SGLang offline batch generation, decode-dominated"),
         "features_mfu": (0.40, "estimate: batched bf16 target forward (prefill-like)"),
-        "ar_seconds_per_token": (0.0386, "measured: benchmarks/gpu_check/report.md, AR through the engine, "
+        "ar_seconds_per_token": (0.0386, "measured: reports/gpu_check/report.md, AR through the engine, "
                                          "Qwen3-8B shape, one H200, HF eager"),
-        "spec_seconds_per_token": (0.0110, "measured: benchmarks/gpu_check/report.md, replay bs 16 TPOT (tau 6.05)"),
-        "serving_seconds_per_token": (0.0027, "estimate: benchmarks/gpu_check/report.md's measured 8 ms of GPU work "
+        "spec_seconds_per_token": (0.0110, "measured: reports/gpu_check/report.md, replay bs 16 TPOT (tau 6.05)"),
+        "serving_seconds_per_token": (0.0027, "estimate: reports/gpu_check/report.md's measured 8 ms of GPU work "
                                               "per target forward (SGLang's CUDA graphs remove the launches) / tau 3"),
         "server_startup_seconds": (300.0, "estimate: one SGLang server start with CUDA graphs"),
         "vllm_startup_seconds": (300.0, "estimate: one vLLM server start with torch.compile and CUDA graphs"),
@@ -57,7 +57,7 @@ DEVICE_CONSTANTS: dict[str, dict[str, tuple[float, str]]] = {
         "train_mfu": (0.2, "estimate"),
         "generate_mfu": (0.1, "estimate"),
         "features_mfu": (0.3, "estimate"),
-        "ar_seconds_per_token": (0.02, "estimate: SmolLM2-135M greedy AR on 2 cores (docs/cpu_default_run.md order)"),
+        "ar_seconds_per_token": (0.02, "estimate: SmolLM2-135M greedy AR on 2 cores (reports/cpu_default_run/report.md order)"),
         "spec_seconds_per_token": (0.015, "estimate"),
         "serving_seconds_per_token": (0.015, "estimate: the batched engine at c = 1"),
         "server_startup_seconds": (0.0, "the batched engine starts in-process"),

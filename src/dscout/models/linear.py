@@ -14,7 +14,7 @@ SmolLM2-135M took 1.6-2x one AR step, which no drafter can pay back. Two remedie
   ``(W @ x^T)^T`` for 4..16 rows (up to 2-3x faster than ``x @ W^T`` for a ``[49152, 576]`` head under MKL, whose
   cost it keeps at one pass over ``W``, ~17 ms single-threaded). For 1..3 rows MKL's own ``x @ W^T`` is the faster
   one (2-3 rows: 7-10 ms vs 16-17 ms, measured beside z-lab's ``dflash_generate`` whose drafter projects its
-  ``bs - 1 = 3`` rows that way; benchmarks/upstream_parity).
+  ``bs - 1 = 3`` rows that way; reports/upstream_parity).
 
 Both fall back to ``F.linear`` when gradients are enabled, off the CPU, for non-float32 tensors, when oneDNN is
 missing, or when the weight changed after packing (its ``_version`` moved).

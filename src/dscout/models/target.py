@@ -70,7 +70,7 @@ class TargetModel:
             # transformers' SDPA path expands the KV cache to every query head (repeat_kv: a copy of the whole
             # cache per layer) whenever a mask is given and more than one query token comes: every verify of the
             # batched engine (Table 4). The CPU kernel attends grouped heads under a mask itself, bit for bit the
-            # same: 2 ms instead of 38 ms per layer at c = 32, ~900 keys (benchmarks/verify_gqa.md). Process-wide,
+            # same: 2 ms instead of 38 ms per layer at c = 32, ~900 keys (reports/verify_gqa/report.md). Process-wide,
             # CPU only (CUDA would fall back to the math kernel); an explicit TRANSFORMERS_SDPA_FORCE_GQA=0 wins.
             os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 

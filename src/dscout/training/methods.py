@@ -68,7 +68,7 @@ def _init_fc_from_last_tap(drafter, target) -> None:
     ``L - d .. L - 1``) the context ``c = hidden_norm(fc(taps))`` then equals the normalised input of target layer
     ``L - d``: the first drafter layer's keys and values over the context are the target's own at step 0, and the
     other taps start at zero weight. Call after :meth:`DFlashDrafter.set_tap_scale` (``W' = diag(s)`` on that slot).
-    Measured in ``benchmarks/drafter_efficiency/`` (no gain at 150 s); option ``options.fc_init: last_tap``.
+    Measured in ``reports/drafter_efficiency/`` (no gain at 150 s); option ``options.fc_init: last_tap``.
 
     Raises:
         ValueError: if the drafter's hidden size differs from the target's (no identity to copy).

@@ -407,7 +407,7 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
     ds_cfg = _ds_config(cfg.deepspeed_config, cfg, total, world)
     # the fused AdamW kernel updates each parameter in one pass over its memory, where the default (per-tensor)
     # implementation makes ~10 (lerp, mul, addcmul, sqrt, div, addcdiv): on a CPU it took 17 % of an update
-    # (benchmarks/training_update_cost.md)
+    # (reports/training_update_cost/report.md)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay, fused=target.device.type == "cpu")
     engine, _, _, sched = deepspeed.initialize(model=drafter, optimizer=opt, config=ds_cfg)
