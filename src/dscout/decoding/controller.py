@@ -23,19 +23,18 @@ they are shrunk towards a long-run estimate of the same drafter on the same job 
 ~100 rounds), not towards a fixed guess. While the controller does not draft, the recent counts fade by ``decay``
 per round, so its estimate returns to the long-run rate within ~20 rounds, and the long-run counts fade slowly
 (``idle_decay`` per round without drafts) towards the prior. So a drafter that pays on average resumes drafting
-soon after a bad stretch, and a drafter that never pays (τ ≈ 1) is probed only every ~100+ rounds. Measured on the
-CPU default (docs/online_controller.md): with one time scale decaying by 0.9 on every round the controller probed
-about every other round where no draft is ever accepted; with the idle rounds' slow decay on that one scale it got
-stuck at bs 1 after a bad stretch where bs 4 pays (GSM8K, 127 of 127 rounds of a repeat at bs 1).
+soon after a bad stretch, and a drafter that never pays (τ ≈ 1) is probed only every ~100+ rounds. With one time
+scale, a fast decay makes the controller probe about every other round where no draft is ever accepted, and the
+idle rounds' slow decay on that one scale leaves it stuck at bs 1 after a bad stretch where drafting pays
+(measurements: reports/online_controller/report.md).
 
-Exploration under uncertainty (``explore``; 0.5 by default since 2026-12-06). With point estimates a few unlucky
-probes decide a job: on the CPU default's MBPP (first-draft acceptance 0.25, break-even near 0.18) a fresh
-controller's first four probes were all rejected, its long-run ``a_1`` fell from the prior 0.5 to 0.17, and it
-stayed at bs 1 for the next two generations. With ``explore = z`` the long-run rate the recent one is shrunk towards
-is its Beta posterior's mean plus ``z`` standard deviations, ``m + z sqrt(m (1 - m) / (n + prior_strength + 1))``:
-wide after four trials (+0.07 at z = 0.5), negligible after a few hundred (+0.02), so the controller keeps probing
-until the interval clears break-even and then follows the mean. Where drafting never pays it probes a little more
-often (simulated: 0.986× AR instead of 0.991× at z = 0.5; 0.965× at z = 2).
+Exploration under uncertainty (``explore``). With point estimates a few unlucky probes decide a job: when a fresh
+controller's first probes are all rejected, the long-run ``a_1`` of a drafter just above break-even falls below it
+and the controller stays at bs 1 for the rest of the job. With ``explore = z`` the long-run rate the recent one is
+shrunk towards is its Beta posterior's mean plus ``z`` standard deviations,
+``m + z sqrt(m (1 - m) / (n + prior_strength + 1))``: wide after a few trials, negligible after a few hundred, so
+the controller keeps probing until the interval clears break-even and then follows the mean. The price is a few
+more probes where drafting never pays (reports/controller_simulation/report.md).
 
 Measured round times. The calibrated model is fitted once, at start-up, on a fresh short context; the rounds of a
 real run can cost more (a longer cache, the batched engine's masked slots of rejected drafts, machine load). After
@@ -45,13 +44,12 @@ candidate's predicted time is scaled by its class's ratio; a class without a mea
 class's ratio (a ratio learned only at bs 1 would otherwise make drafting look cheap by comparison), and a class
 not chosen drifts slowly towards the other's (``time_relax``): a class is measured only when chosen, so a few slow
 drafted rounds (machine noise) would otherwise price drafting out for the rest of the job. How fast it drifts,
-and how fast idle rounds forget the long-run acceptance, set what exploring costs where drafting never pays: each
-probe costs 1.2–1.8 bs-1 rounds on this CPU. In simulated jobs (benchmarks/controller_simulation.py: 380 rounds,
-drafted rounds 1.3–1.45x their calibrated price, 10 % noise) ``time_relax`` 0.01 and ``idle_decay`` 0.995 probed
-15 times per job at a first-draft acceptance of 0.05 (0.981x AR); 0.003 and 0.998 probe 6–7 times (0.991x). With
-each round's ratio clipped to 1.1x the current one (``time_clip``), a stretch of slow rounds costs within 1 % of
-what it cost with the fast drift, and where drafting pays the rate is 1.452x AR against 1.463x (bs 6 fixed:
-1.481x). Untimed warm-up generations run inside :meth:`BlockSizeController.frozen`: their first calls are slow and teach nothing. No model of where the extra cost comes from is needed,
+and how fast idle rounds forget the long-run acceptance, set what exploring costs where drafting never pays (each
+probe costs more than a bs-1 round); the defaults were chosen on simulated jobs (benchmarks/controller_simulation.py,
+reports/controller_simulation/report.md). Each round's ratio is clipped to within ``time_clip`` of the current one,
+so a stretch of slow rounds moves it little while a lasting change is still followed. Untimed warm-up generations
+run inside :meth:`BlockSizeController.frozen`: their first calls are slow and teach nothing. No model of where the
+extra cost comes from is needed,
 and a ratio that drifts is followed (exponential average, ``time_weight`` per round).
 
 Acceptance statistics (:class:`AcceptanceTracker`): a round that drafted ``k`` tokens and accepted ``n``
@@ -89,7 +87,7 @@ class AcceptanceTracker:
             are shrunk towards is raised by ``explore * sqrt(a (1 - a) / (n_j + prior_strength + 1))`` (``n_j`` its
             decayed long-run trials), the upper side of its Beta posterior. A few rejected probes then leave a wide
             interval and the controller keeps probing until the interval clears break-even; with many trials the
-            bonus vanishes and the estimate is the mean (0 = point estimates, the behaviour before 2026-12-04).
+            bonus vanishes and the estimate is the mean (0 = point estimates, the behaviour before this setting existed).
     Raises:
         ValueError: for ``max_drafts < 1``, a decay outside (0, 1] or a negative ``recent_strength``/``explore``.
     """
