@@ -13,18 +13,17 @@ def load_serving_batch(target_path: str, data_root_path: str, benchmarks: str, c
     """
     import torch
 
-    from dscout.data.prompts import first_turn_ids as _first_turn_ids
-    from dscout.models.target import load_prepared_target as load_target, stop_token_ids
-    from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
+    from dscout.data.prompts import first_turn_ids
+    from dscout.evaluation.serving import serving_pool
     from dscout.models.linear import pack_linears
+    from dscout.models.target import load_prepared_target, stop_token_ids
 
     torch.set_num_threads(threads)
-    target = load_target(target_path)
+    target = load_prepared_target(target_path)
     pack_linears(target.model, extra_weights=(target.lm_head.weight,))
-    lists = [load_benchmark(n, data_root(data_root_path), concurrency, seed=0) for n in benchmarks.split(",")]
-    pool = [item for group in zip(*lists) for item in group][:concurrency]
-    prompts = _first_turn_ids(target.tokenizer, pool, {"system_prompt": None, "enable_thinking": False})
+    pool, _ = serving_pool(benchmarks.split(","), data_root(data_root_path), concurrency, 0, seed=0)
+    prompts = first_turn_ids(target.tokenizer, pool, {"system_prompt": None, "enable_thinking": False})
     return target, pool, prompts, stop_token_ids(target, ["<|im_end|>"])
 
 

@@ -84,7 +84,8 @@ def test_ragged_long_acceptances_keep_every_request_exact(target):
 
 def test_serving_records_and_table4_pick_the_best_block_size(target, tmp_path):
     from dscout.analysis.table4 import table4_rows, write_table4
-    from dscout.evaluation.serving import serving_records, write_records
+    from dscout.evaluation.serving import serving_records
+    from dscout.records import write_records
 
     d = tiny_drafter(target, layers=1, block_size=16)
     factories = {"ar": ("ar", None, None), "dflash-bs16": ("dflash", "df", lambda: BlockDiffusionProposer(d)),
@@ -374,7 +375,7 @@ def test_table4_shows_each_online_variant_beside_dscout_online(tmp_path):
     """serving.online_variants: each ``dscout-online-<name>`` column is reported like DScout(online) (median
     speedup over repeats with its spread, mean bs, paired ratio to DScout(best)) under its own label."""
     from dscout.analysis.table4 import table4_rows, write_table4
-    from dscout.evaluation.serving import write_records
+    from dscout.records import write_records
     from dscout.records import make_record
 
     # tokens per batch / seconds: AR 10 tok/s; bs 4: 12; online: 11 / 13 / 12 (repeats); variant: 14 in every repeat

@@ -218,10 +218,11 @@ def test_mini_sglang_commands_parse_with_sglangs_parser(mini_target_dir):
     (the paper's serving keys set back) are built and accepted by SGLang's own parser, with the materialised
     target folder as the model (never the source string 'tiny-qwen3:8', which SGLang cannot load)."""
     from dscout.backends.sglang import server_command
-    from dscout.cli import sglang_model_path, sglang_serving_methods
+    from dscout.evaluation.serving import sglang_serving_methods
+    from dscout.models.target import server_model_path
     from tests import sglang_parser
 
-    model = sglang_model_path(str(mini_target_dir))
+    model = server_model_path(str(mini_target_dir))
     assert model == str(mini_target_dir) and (mini_target_dir / "config.json").exists()
     cfg, paper = _mini_cfg(), _yaml(PRESETS[1])
     cfg["serving"] = {**cfg["serving"], **{k: paper["serving"][k] for k in ("backend", "eagle3_drafter")}}

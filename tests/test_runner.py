@@ -73,7 +73,7 @@ def test_a_benchmark_job_clears_only_the_repeat_folders_beyond_the_configured_re
     """A rerun with fewer repeats must not leave the earlier run's r7/, r8/ beside its records (found when a
     9-repeat run's last two repeats were read into a 7-repeat report); the configured repeats' folders are other
     jobs' finished outputs (one job per repeat, issue 47) and stay."""
-    from dscout.cli import clear_repeat_dirs
+    from dscout.evaluation.runner import clear_repeat_dirs
 
     for rel in ("r0/ar.jsonl", "r1/ar.jsonl", "r7/ar.jsonl", "r12/ar.jsonl", "rare/keep.txt",
                 "latency-dscout-online.json", "config.resolved.json"):
@@ -88,7 +88,7 @@ def test_a_benchmark_job_clears_only_the_repeat_folders_beyond_the_configured_re
 
 
 def test_a_repeat_is_complete_only_with_every_methods_parseable_records(tmp_path):
-    from dscout.cli import repeat_complete
+    from dscout.evaluation.runner import repeat_complete
 
     r0 = tmp_path / "r0"
     r0.mkdir()

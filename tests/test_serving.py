@@ -6,7 +6,7 @@ import pytest
 from dscout import config as dcfg
 from dscout.analysis.aggregate import summarize
 from dscout.backends.sglang import record_from_response, server_command
-from dscout.cli import sglang_serving_methods
+from dscout.evaluation.serving import sglang_serving_methods
 from tests import sglang_parser
 from tests.workflow import ROOT
 

@@ -121,13 +121,14 @@ def test_the_expected_identity_is_the_launched_command_lines():
 
 
 def test_a_serving_job_on_the_sglang_backend_end_to_end_against_the_stub(tmp_path, monkeypatch):
-    """`dscout serve-cpu` as the paper preset's serving_benchmark job runs it, with the stub in SGLang's place:
+    """`dscout serve-cpu`'s job (:func:`dscout.evaluation.serving.run_serving_job`) as the paper preset's
+    serving_benchmark job runs it, with the stub in SGLang's place:
     a pool of pool_factor x max(concurrency) measured prompts, c warm-up prompts from beyond it, every server on
     its own checked port, the repeat's index in every record."""
     import functools
 
-    from dscout import cli
     from dscout import config as dcfg
+    from dscout.evaluation.serving import run_serving_job, sglang_serving_methods
     from dscout.backends import sglang
     from tests.workflow import DATA, ROOT
 
@@ -147,11 +148,11 @@ def test_a_serving_job_on_the_sglang_backend_end_to_end_against_the_stub(tmp_pat
                                                                      health_timeout=30))
     out = tmp_path / "c2" / "r1.jsonl"
     out.parent.mkdir()
-    cli.main(["serve-cpu", "--stage", json.dumps(stage), "--target", str(target), "--drafter", "dflash=/d/dflash",
-              "--drafter", "dscout=/d/dscout", "--concurrency", "2", "--repeat", "1", "--out", str(out),
-              "--data-root", str(DATA)])
+    run_serving_job(json.loads(json.dumps(stage)), target_dir=str(target),
+                    drafters={"dflash": "/d/dflash", "dscout": "/d/dscout"}, concurrency=2, repeat=1, out=str(out),
+                    root=DATA)
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    keys = [k for k, *_ in cli.sglang_serving_methods(stage, {"dflash": "/d/dflash", "dscout": "/d/dscout"})]
+    keys = [k for k, *_ in sglang_serving_methods(stage, {"dflash": "/d/dflash", "dscout": "/d/dscout"})]
     assert sorted({r["method_key"] for r in recs}) == sorted(keys) and len(recs) == 6 * len(keys)
     assert {r["repeat"] for r in recs} == {1} and {r["concurrency"] for r in recs} == {2}
     measured = {r["prompt_id"] for r in recs}

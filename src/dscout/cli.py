@@ -26,13 +26,6 @@ def load_target(target_dir: str, stage: dict | None = None):
     return load_prepared_target(target_dir, stage)
 
 
-def sglang_model_path(target_dir: str) -> str:
-    """:func:`dscout.models.target.server_model_path`."""
-    from dscout.models.target import server_model_path
-
-    return server_model_path(target_dir)
-
-
 def stop_token_ids(target, extra: list[str]) -> list[int]:
     """:func:`dscout.models.target.stop_token_ids`."""
     from dscout.models.target import stop_token_ids as ids
@@ -54,39 +47,9 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def load_target_skeleton(target_dir: str):
-    """The prepared target's shape only (meta device, no weights: :func:`dscout.models.pretrained.target_skeleton`),
-    in its configured dtype; what an import of a published drafter checks against."""
-    import torch
-
-    from dscout.models.pretrained import target_skeleton
-
-    info = json.loads((Path(target_dir) / "target.json").read_text())
-    load_from = info["load_from"]
-    if not Path(load_from).exists() and (Path(target_dir) / "config.json").exists():
-        load_from = str(target_dir)
-    return target_skeleton(load_from, getattr(torch, info.get("stage", {}).get("dtype", "float32")))
-
-
-def check_target_shape(model_dir, stage: dict) -> None:
-    """Compare ``target.num_layers`` / ``target.vocab_size`` of the config with a local model's ``config.json``.
-
-    A hub id (no local folder) is checked when the model is loaded. Raises ValueError naming the key.
-    """
-    cfg_path = Path(model_dir) / "config.json"
-    if not cfg_path.exists():
-        return
-    mc = json.loads(cfg_path.read_text())
-    mc = mc.get("text_config", mc)
-    for key, field in (("num_layers", "num_hidden_layers"), ("vocab_size", "vocab_size")):
-        if stage.get(key) is not None and mc.get(field) is not None and int(stage[key]) != int(mc[field]):
-            raise ValueError(f"config target.{key} = {stage[key]} but the model {model_dir} has {field} = "
-                             f"{mc[field]}: set target.{key}: {mc[field]}")
-
-
 def cmd_prepare_target(a):
     from dscout.config import write_resolved
-    from dscout.models.target import prepare_target
+    from dscout.models.target import check_target_shape, prepare_target
 
     st = json.loads(a.stage)
     out = Path(a.out)
@@ -129,7 +92,9 @@ def cmd_generate(a):
         from dscout.backends.sglang import generate_responses_sglang
 
         # the responses stage names no model: SGLang loads the prepared target (hub id or materialised folder)
-        generate_responses_sglang({**st, "target_load_from": sglang_model_path(a.target)}, prompts, out,
+        from dscout.models.target import server_model_path
+
+        generate_responses_sglang({**st, "target_load_from": server_model_path(a.target)}, prompts, out,
                                   num_gpus=a.gpus)
     else:
         target = load_target(a.target)
@@ -165,6 +130,7 @@ def cmd_features(a):
 
 def cmd_train(a):
     from dscout.config import write_resolved
+    from dscout.models.target import load_target_skeleton
     from dscout.training.trainer import TrainConfig, TrainingInterrupted, train_drafter
 
     st = json.loads(a.stage)
@@ -192,49 +158,12 @@ def cmd_train(a):
     write_resolved(Path(a.out) / "config.resolved.json", st)
 
 
-def clear_repeat_dirs(out_dir: Path, repeats: int | None = None) -> list[Path]:
-    """Remove the per-repeat record folders ``r<k>/`` with ``k >= repeats`` that a previous run left in ``out_dir``.
-
-    Snakemake deletes only the files a job declares: after a rerun with fewer repeats, an earlier run's ``r7/``
-    would stay beside the new records, and anything reading the folder (the reports in ``benchmarks/``, a user's
-    glob) would mix two runs. The folders of the configured repeats (``k < repeats``) are other jobs' outputs (one
-    job per repeat): never touched here, so a finished repeat survives any rerun (issue 47).
-
-    Args:
-        out_dir: ``results/bench/<id>/<benchmark>/t<T>``.
-        repeats: the configured repeat count; None = every ``r<k>/`` (the folder is about to be rewritten whole).
-    Returns:
-        the folders removed.
-    """
-    import re
-    import shutil
-
-    removed = [d for d in Path(out_dir).glob("r*") if d.is_dir() and re.fullmatch(r"r\d+", d.name)
-               and (repeats is None or int(d.name[1:]) >= repeats)]
-    for d in removed:  # jobs of other repeats may clear the same folder at the same time
-        shutil.rmtree(d, ignore_errors=True)
-    return removed
-
-
-def repeat_complete(repeat_dir: Path, method_keys: list[str]) -> bool:
-    """Whether ``repeat_dir`` holds a finished repeat: a non-empty, parseable JSONL file per method key (records
-    are written atomically, one file per method, once the whole repeat has run)."""
-    for key in method_keys:
-        path = Path(repeat_dir) / f"{key}.jsonl"
-        try:
-            lines = path.read_text().splitlines()
-            if not lines or any(json.loads(line).get("repeat") is None for line in lines):
-                return False
-        except (OSError, ValueError):
-            return False
-    return True
-
-
 def cmd_bench(a):
     from dscout.data.prompts import chat_prompt_ids
     from dscout.evaluation.methods import build_methods, typical_context_tokens
     from dscout.evaluation.prefill_store import PrefillStore
-    from dscout.evaluation.runner import run_benchmark, write_records
+    from dscout.evaluation.runner import clear_repeat_dirs, repeat_complete, run_benchmark
+    from dscout.records import write_records
     from dscout.config import benchmark_slice, write_resolved
     from dscout.data.benchmarks import stage_prompts
     from dscout.data.paths import data_root
@@ -376,139 +305,36 @@ def cmd_fig3(a):
     write_fig3(a.search, a.records, a.out_prefix, json.loads(a.stage))
 
 
-def sglang_serving_methods(stage: dict, drafters: dict[str, str]) -> list[tuple[str, dict, str | None]]:
-    """Table 4's SGLang servers: ``(key, method, drafter path or hub id)`` for AR, [EAGLE-3,] DFlash(16), DScout(bs).
-
-    EAGLE-3 is served from its published checkpoint (SGLang's EAGLE3 loads the hub id); DFlash and DScout from
-    the drafters this workflow trained (DFLASH checkpoint layout).
-    """
-    methods = [("ar", {"kind": "ar"}, None)]
-    if stage.get("eagle3"):
-        e = stage["eagle3"]
-        methods.append((f"eagle3-k{e['topk']}-d{e['num_steps']}-n{e['block_size']}",
-                        {"kind": "eagle3", "block_size": e["block_size"], "topk": e["topk"],
-                         "num_steps": e["num_steps"], "drafter_id": e["drafter"]}, e["checkpoint"]))
-    methods.append(("dflash-bs16", {"kind": "dflash", "block_size": 16, "drafter_id": stage["dflash"]},
-                    drafters["dflash"]))
-    methods += [(f"dscout-bs{bs}", {"kind": "dscout", "block_size": bs, "drafter_id": stage["dscout"]},
-                 drafters["dscout"]) for bs in stage["block_sizes"]]
-    return methods
-
-
 def cmd_serve_cpu(a):
-    from dscout.evaluation.prefill_store import PrefillStore
-    from dscout.evaluation.serving import serving_records, write_records
-    from dscout.config import write_resolved
-    from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
-    from dscout.decoding.proposers import BlockDiffusionProposer
-    from dscout.models.export import drafter_for_target
-    from dscout.models.linear import pack_linears
+    from dscout.evaluation.serving import run_serving_job
 
-    st = json.loads(a.stage)
     _set_threads(a.threads)
-    if st.get("backend") == "sglang":  # the servers own the GPU: the client needs the tokenizer only
-        from types import SimpleNamespace
-
-        from transformers import AutoTokenizer
-
-        model_path = sglang_model_path(a.target)  # a materialised target (tiny-qwen3, gguf): its folder
-        target = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(model_path))
-    else:
-        target = load_target(a.target)
-    chat = st["chat"]
-    sglang = st.get("backend") == "sglang"
-    # SGLang: c warm-up requests per server from beyond the measured pool (never measured); batched: none here
-    warm_n = a.concurrency if sglang else 0
-    lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"] + warm_n, seed=st["seed"])
-             for n in st["benchmarks"]]
-    items = [item for group in zip(*lists) for item in group]  # round robin over benchmarks
-    pool, spare = items[: st["pool_size"]], items[st["pool_size"]: st["pool_size"] + warm_n]
-    if sglang and len(spare) < warm_n:
-        raise SystemExit(f"dscout serve (c={a.concurrency}, repeat {a.repeat}): the benchmarks {st['benchmarks']} "
-                         f"hold {len(items)} prompts, {st['pool_size']} measured + {warm_n} warm-up needed "
-                         "(lower serving.pool_factor or add benchmarks)")
-    prompts = first_turn_ids(target.tokenizer, pool, chat)
-    ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
-    drafters = dict(kv.split("=", 1) for kv in a.drafter)
-    stops = stop_token_ids(target, chat.get("stop_tokens") or [])
-    if sglang:  # one server per method, closed loop at concurrency c (GPU cluster)
-        from dscout.backends.sglang import serve_benchmark
-
-        reqs = [{"benchmark": it.benchmark, "prompt_id": pid, "turn": 0, "input_ids": p}
-                for it, pid, p in zip(pool, ids, prompts)]
-        warm = [{"benchmark": it.benchmark, "prompt_id": f"{it.benchmark}/{it.prompt_id}", "turn": 0,
-                 "input_ids": p} for it, p in zip(spare, first_turn_ids(target.tokenizer, spare, chat))]
-        methods = sglang_serving_methods(st, drafters)
-        shift = a.repeat % len(methods)  # the servers' order rotates from repeat to repeat (AR included)
-        records = []
-        for key, method, ddir in methods[shift:] + methods[:shift]:
-            recs, summary = serve_benchmark(model_path, {**method, "key": key}, reqs,
-                                            concurrency=a.concurrency, temperature=0.0,
-                                            max_new_tokens=st["max_new_tokens"], repeat=a.repeat, drafter_dir=ddir,
-                                            warmup_requests=warm, job=f"serving_benchmark c={a.concurrency} "
-                                            f"repeat {a.repeat} ({key}, output {a.out})",
-                                            log_path=Path(a.out).with_suffix(f".{key}.server.log"))
-            for r in recs:  # Table 4 reads throughput = tokens / wall of the whole closed loop
-                r.update(method_key=key, method_name=key, batch_decode_seconds=summary["wall_seconds"],
-                         drafter=method.get("drafter_id"), server_port=summary["port"])
-            records += recs
-        write_records(records, a.out)
-        write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
-        return
-    if st["cpu_packed_linear"]:
-        pack_linears(target.model, extra_weights=(target.lm_head.weight,))
-    loaded = {}
-    for name in ("dflash", "dscout"):
-        loaded[name] = drafter_for_target(drafters[name], target, packed=st["cpu_packed_linear"])
-    factories = {"ar": ("ar", None, None),
-                 "dflash-bs16": ("dflash", st["dflash"], lambda: BlockDiffusionProposer(loaded["dflash"]))}
-    sizes = {"dflash-bs16": 16}
-    for bs in st["block_sizes"]:
-        factories[f"dscout-bs{bs}"] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
-        sizes[f"dscout-bs{bs}"] = bs
-    controllers = {}
-    online = ([("dscout-online", st["online"])] if st.get("online") else []) \
-        + [(f"dscout-online-{v['name']}", v["controller"]) for v in st.get("online_variants", [])]
-    for key, settings in online:  # DScout(online): calibrated at this level's concurrency, one bs per batch round
-        from dscout.evaluation.methods import online_controller, typical_context_tokens
-
-        probe = BlockDiffusionProposer(loaded["dscout"])
-        ctl = online_controller(target, probe, settings, concurrency=a.concurrency,
-                                context_tokens=typical_context_tokens([len(p) for p in prompts], st["max_new_tokens"]))
-        ctl.latency.to_json(Path(a.out).with_suffix(f".latency-{key}.json"))
-        factories[key] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
-        sizes[key] = probe.max_block_size
-        controllers[key] = ctl
-    records = serving_records(target, factories, prompts, ids, a.concurrency, st["max_new_tokens"], sizes, stops,
-                              controllers=controllers, repeat=a.repeat, repeats=1,
-                              interleave=st.get("interleave", "batch"),
-                              prefill_store=PrefillStore(int(a.prefill_store_gb * 2**30)))
-    write_records(records, a.out)
-    write_resolved(Path(a.out).with_suffix(".resolved.json"), st)
+    run_serving_job(json.loads(a.stage), target_dir=a.target, drafters=dict(kv.split("=", 1) for kv in a.drafter),
+                    concurrency=a.concurrency, repeat=a.repeat, out=a.out, root=data_root(a.data_root),
+                    prefill_store_gb=a.prefill_store_gb)
 
 
 def cmd_serve_vllm(a):
     """Table 4's vLLM rows for one repeat (:mod:`dscout.evaluation.vllm_serving`): the DFlash drafter exported in
     vLLM's layout next to the output, vLLM's env built or reused, then every server at every level."""
     from dscout.config import write_resolved
-    from dscout.data.benchmarks import load_benchmark
     from dscout.data.paths import data_root
     from dscout.evaluation.server_bench import vllm_interpreter
-    from dscout.evaluation.serving import write_records
+    from dscout.evaluation.serving import serving_pool
     from dscout.evaluation.vllm_serving import vllm_serving_records
     from dscout.models.export import drafter_for_target, export_vllm_dflash
+    from dscout.models.target import server_model_path
+    from dscout.records import write_records
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
     target = load_target(a.target)
-    lists = [load_benchmark(n, data_root(a.data_root), st["pool_size"] + 1, seed=st["seed"])
-             for n in st["benchmarks"]]
-    items = [item for group in zip(*lists) for item in group]  # round robin over benchmarks, as serve-cpu
-    pool, spare = items[: st["pool_size"]], items[st["pool_size"]:]
+    # round robin over benchmarks, as serve-cpu; one warm-up request from beyond the measured pool
+    pool, spare = serving_pool(st["benchmarks"], data_root(a.data_root), st["pool_size"], 1, st["seed"])
     if not spare:
         raise SystemExit(f"dscout serve-vllm (repeat {a.repeat}): the benchmarks {st['benchmarks']} hold "
-                         f"{len(items)} prompts, {st['pool_size']} measured + 1 warm-up needed")
+                         f"{len(pool)} prompts, {st['pool_size']} measured + 1 warm-up needed")
     prompts = first_turn_ids(target.tokenizer, pool, st["chat"])
     warmup = first_turn_ids(target.tokenizer, spare[:1], st["chat"])[0]
     ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
@@ -517,7 +343,7 @@ def cmd_serve_vllm(a):
     export = out.parent / f"r{a.repeat}.vllm-dflash"  # vLLM's layout of the DFlash drafter (reduced vocabulary too)
     export_vllm_dflash(drafter_for_target(a.drafter, target), export, dtype=target.dtype)
     python = vllm_interpreter(a.vllm_python, a.vllm_env)
-    model = sglang_model_path(a.target)  # what a server loads: the materialised folder, or the hub id
+    model = server_model_path(a.target)  # what a server loads: the materialised folder, or the hub id
     model = str(Path(model).resolve()) if Path(model).exists() else model
     records = vllm_serving_records(python, model, str(export.resolve()), st, prompts, ids, warmup,
                                    st["concurrency"], a.repeat, stops, out.parent / f"r{a.repeat}.logs")

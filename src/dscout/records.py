@@ -50,4 +50,13 @@ def controller_fields(block_sizes: list[int], controller_seconds: float, draft_s
             "round_seconds": [d + v for d, v in zip(draft_seconds, verify_seconds)], "max_block_size": max_block_size}
 
 
-__all__ = ["FIELDS", "REQUIRED", "controller_fields", "make_record"]
+def write_records(records: list[dict], path) -> None:
+    """Write records (one JSON line each, in the given order) to ``path`` atomically: the one writer of every
+    record file (benchmark, serving, server jobs; :func:`dscout.jsonl.write_jsonl`: temporary sibling + rename,
+    parent folders created)."""
+    from .jsonl import write_jsonl
+
+    write_jsonl(records, path)
+
+
+__all__ = ["FIELDS", "REQUIRED", "controller_fields", "make_record", "write_records"]

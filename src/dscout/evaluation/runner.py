@@ -19,6 +19,7 @@ import hashlib
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -26,7 +27,6 @@ from tqdm import tqdm
 from ..data.benchmarks import BenchmarkPrompt
 from ..data.prompts import chat_prompt_ids
 from ..decoding.engine import SpeculativeEngine
-from ..jsonl import write_jsonl
 from ..records import controller_fields, make_record
 from .scoring import score
 
@@ -190,6 +190,41 @@ def run_benchmark(target, methods: list[Method], prompts: list[BenchmarkPrompt],
     return records
 
 
-def write_records(records: list[dict], path: str | os.PathLike) -> None:
-    """Write benchmark records as JSONL atomically (:func:`dscout.jsonl.write_jsonl`)."""
-    write_jsonl(records, path)
+def clear_repeat_dirs(out_dir: str | os.PathLike, repeats: int | None = None) -> list[Path]:
+    """Remove the per-repeat record folders ``r<k>/`` with ``k >= repeats`` that a previous run left in ``out_dir``.
+
+    Snakemake deletes only the files a job declares: after a rerun with fewer repeats, an earlier run's ``r7/``
+    would stay beside the new records, and anything reading the folder (the reports in ``benchmarks/``, a user's
+    glob) would mix two runs. The folders of the configured repeats (``k < repeats``) are other jobs' outputs (one
+    job per repeat): never touched here, so a finished repeat survives any rerun (issue 47).
+
+    Args:
+        out_dir: ``results/bench/<id>/<benchmark>/t<T>``.
+        repeats: the configured repeat count; None = every ``r<k>/`` (the folder is about to be rewritten whole).
+    Returns:
+        the folders removed.
+    """
+    import re
+    import shutil
+
+    removed = [d for d in Path(out_dir).glob("r*") if d.is_dir() and re.fullmatch(r"r\d+", d.name)
+               and (repeats is None or int(d.name[1:]) >= repeats)]
+    for d in removed:  # jobs of other repeats may clear the same folder at the same time
+        shutil.rmtree(d, ignore_errors=True)
+    return removed
+
+
+def repeat_complete(repeat_dir: str | os.PathLike, method_keys: list[str]) -> bool:
+    """Whether ``repeat_dir`` holds a finished repeat: a non-empty, parseable JSONL file per method key (records
+    are written atomically, one file per method, once the whole repeat has run)."""
+    import json
+
+    for key in method_keys:
+        path = Path(repeat_dir) / f"{key}.jsonl"
+        try:
+            lines = path.read_text().splitlines()
+            if not lines or any(json.loads(line).get("repeat") is None for line in lines):
+                return False
+        except (OSError, ValueError):
+            return False
+    return True

@@ -132,8 +132,169 @@ def _lockstep(steps: dict) -> dict:
     return done
 
 
-def write_records(records: list[dict], path: str | Path) -> None:
-    """Write serving records as JSONL atomically (:func:`dscout.jsonl.write_jsonl`)."""
-    from ..jsonl import write_jsonl
+def serving_pool(benchmarks: list[str], root, pool_size: int, spare: int, seed: int) -> tuple[list, list]:
+    """Table 4's request pool: the benchmarks' prompts round robin (one of each benchmark in turn), the first
+    ``pool_size`` measured, the next ``spare`` kept for warm-up requests (never measured).
 
-    write_jsonl(records, path)
+    Args:
+        benchmarks: benchmark names (``serving.benchmarks``).
+        root: the data root (:func:`dscout.data.paths.data_root`).
+        pool_size: measured requests; each benchmark is asked for ``pool_size + spare`` prompts.
+        seed: the benchmarks' sampling seed.
+    Returns:
+        ``(pool, spare_items)``: :class:`~dscout.data.benchmarks.BenchmarkPrompt` lists; ``spare_items`` is
+        shorter than ``spare`` when the benchmarks hold too few prompts (the caller says what to change).
+    """
+    from ..data.benchmarks import load_benchmark
+
+    lists = [load_benchmark(n, root, pool_size + spare, seed=seed) for n in benchmarks]
+    items = [item for group in zip(*lists) for item in group]  # round robin over benchmarks
+    return items[:pool_size], items[pool_size: pool_size + spare]
+
+
+def sglang_serving_methods(stage: dict, drafters: dict[str, str]) -> list[tuple[str, dict, str | None]]:
+    """Table 4's SGLang servers: ``(key, method, drafter path or hub id)`` for AR, [EAGLE-3,] DFlash(16), DScout(bs).
+
+    EAGLE-3 is served from its published checkpoint (SGLang's EAGLE3 loads the hub id); DFlash and DScout from
+    the drafters this workflow trained (DFLASH checkpoint layout).
+
+    Args:
+        stage: :func:`dscout.config.serving_stage`.
+        drafters: ``{"dflash": dir, "dscout": dir}``, the trained drafters' folders.
+    """
+    methods = [("ar", {"kind": "ar"}, None)]
+    if stage.get("eagle3"):
+        e = stage["eagle3"]
+        methods.append((f"eagle3-k{e['topk']}-d{e['num_steps']}-n{e['block_size']}",
+                        {"kind": "eagle3", "block_size": e["block_size"], "topk": e["topk"],
+                         "num_steps": e["num_steps"], "drafter_id": e["drafter"]}, e["checkpoint"]))
+    methods.append(("dflash-bs16", {"kind": "dflash", "block_size": 16, "drafter_id": stage["dflash"]},
+                    drafters["dflash"]))
+    methods += [(f"dscout-bs{bs}", {"kind": "dscout", "block_size": bs, "drafter_id": stage["dscout"]},
+                 drafters["dscout"]) for bs in stage["block_sizes"]]
+    return methods
+
+
+def batched_serving_methods(target, stage: dict, drafters: dict[str, str], concurrency: int,
+                            prompts: list[list[int]], latency_prefix: str | Path) -> tuple[dict, dict, dict]:
+    """Table 4's methods on the batched engine: AR, DFlash(16), DScout at each ``block_sizes`` bs and the online
+    controller variants (calibrated here, at this ``concurrency``, on ``target``).
+
+    Loads both drafters (packed linears when ``stage["cpu_packed_linear"]``, which also packs the target's).
+    Each controller's latency model is written to ``<latency_prefix>.latency-<key>.json``.
+
+    Returns:
+        ``(factories, block_sizes, controllers)`` as :func:`serving_records` takes them: key -> ``(kind,
+        drafter id, proposer factory or None)``, key -> the bs (the controller's upper bound for online keys),
+        online key -> its controller.
+    """
+    from ..decoding.proposers import BlockDiffusionProposer
+    from ..models.export import drafter_for_target
+    from ..models.linear import pack_linears
+
+    st = stage
+    if st["cpu_packed_linear"]:
+        pack_linears(target.model, extra_weights=(target.lm_head.weight,))
+    loaded = {}
+    for name in ("dflash", "dscout"):
+        loaded[name] = drafter_for_target(drafters[name], target, packed=st["cpu_packed_linear"])
+    factories = {"ar": ("ar", None, None),
+                 "dflash-bs16": ("dflash", st["dflash"], lambda: BlockDiffusionProposer(loaded["dflash"]))}
+    sizes = {"dflash-bs16": 16}
+    for bs in st["block_sizes"]:
+        factories[f"dscout-bs{bs}"] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
+        sizes[f"dscout-bs{bs}"] = bs
+    controllers = {}
+    online = ([("dscout-online", st["online"])] if st.get("online") else []) \
+        + [(f"dscout-online-{v['name']}", v["controller"]) for v in st.get("online_variants", [])]
+    for key, settings in online:  # DScout(online): calibrated at this level's concurrency, one bs per batch round
+        from .methods import online_controller, typical_context_tokens
+
+        probe = BlockDiffusionProposer(loaded["dscout"])
+        ctl = online_controller(target, probe, settings, concurrency=concurrency,
+                                context_tokens=typical_context_tokens([len(p) for p in prompts], st["max_new_tokens"]))
+        ctl.latency.to_json(Path(latency_prefix).with_suffix(f".latency-{key}.json"))
+        factories[key] = ("dscout", st["dscout"], lambda: BlockDiffusionProposer(loaded["dscout"]))
+        sizes[key] = probe.max_block_size
+        controllers[key] = ctl
+    return factories, sizes, controllers
+
+
+def run_serving_job(stage: dict, *, target_dir: str, drafters: dict[str, str], concurrency: int, repeat: int,
+                    out: str, root, prefill_store_gb: float = 2.0) -> list[dict]:
+    """One ``serving_benchmark`` job: Table 4's records at one (concurrency level, repeat), written to ``out``
+    (JSONL) with the stage beside it (``<out>.resolved.json``).
+
+    ``stage["backend"] == "sglang"``: one server per method (:func:`sglang_serving_methods`, the order rotated by
+    ``repeat``), each a closed loop at ``concurrency`` after ``concurrency`` warm-up requests from beyond the
+    measured pool (:func:`dscout.backends.sglang.serve_benchmark`); this process loads the tokenizer only.
+    Otherwise the batched engine on this machine (:func:`batched_serving_methods`, :func:`serving_records`).
+
+    Args:
+        stage: :func:`dscout.config.serving_stage`.
+        target_dir: the prepared target (``target.json``).
+        drafters: ``{"dflash": dir, "dscout": dir}``.
+        root: the data root.
+        prefill_store_gb: host-memory cap (GiB) of the batched backend's shared batch prefills.
+    Returns:
+        the records written.
+    Raises:
+        SystemExit: the benchmarks hold too few prompts for the pool and the SGLang warm-up.
+    """
+    from ..config import write_resolved
+    from ..data.prompts import first_turn_ids
+    from ..models.target import load_prepared_target, server_model_path, stop_token_ids
+    from ..records import write_records
+    from .prefill_store import PrefillStore
+
+    st = stage
+    sglang = st.get("backend") == "sglang"
+    if sglang:  # the servers own the GPU: the client needs the tokenizer only
+        from types import SimpleNamespace
+
+        from transformers import AutoTokenizer
+
+        model_path = server_model_path(target_dir)  # a materialised target (tiny-qwen3, gguf): its folder
+        target = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(model_path))
+    else:
+        target = load_prepared_target(target_dir)
+    chat = st["chat"]
+    # SGLang: c warm-up requests per server from beyond the measured pool (never measured); batched: none here
+    warm_n = concurrency if sglang else 0
+    pool, spare = serving_pool(st["benchmarks"], root, st["pool_size"], warm_n, st["seed"])
+    if sglang and len(spare) < warm_n:
+        raise SystemExit(f"dscout serve (c={concurrency}, repeat {repeat}): the benchmarks {st['benchmarks']} "
+                         f"hold {len(pool) + len(spare)} prompts, {st['pool_size']} measured + {warm_n} warm-up "
+                         "needed (lower serving.pool_factor or add benchmarks)")
+    prompts = first_turn_ids(target.tokenizer, pool, chat)
+    ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
+    stops = stop_token_ids(target, chat.get("stop_tokens") or [])
+    if sglang:  # one server per method, closed loop at concurrency c (GPU cluster)
+        from ..backends import sglang as sglang_backend
+
+        reqs = [{"benchmark": it.benchmark, "prompt_id": pid, "turn": 0, "input_ids": p}
+                for it, pid, p in zip(pool, ids, prompts)]
+        warm = [{"benchmark": it.benchmark, "prompt_id": f"{it.benchmark}/{it.prompt_id}", "turn": 0,
+                 "input_ids": p} for it, p in zip(spare, first_turn_ids(target.tokenizer, spare, chat))]
+        methods = sglang_serving_methods(st, drafters)
+        shift = repeat % len(methods)  # the servers' order rotates from repeat to repeat (AR included)
+        records = []
+        for key, method, ddir in methods[shift:] + methods[:shift]:
+            recs, summary = sglang_backend.serve_benchmark(
+                model_path, {**method, "key": key}, reqs, concurrency=concurrency, temperature=0.0,
+                max_new_tokens=st["max_new_tokens"], repeat=repeat, drafter_dir=ddir, warmup_requests=warm,
+                job=f"serving_benchmark c={concurrency} repeat {repeat} ({key}, output {out})",
+                log_path=Path(out).with_suffix(f".{key}.server.log"))
+            for r in recs:  # Table 4 reads throughput = tokens / wall of the whole closed loop
+                r.update(method_key=key, method_name=key, batch_decode_seconds=summary["wall_seconds"],
+                         drafter=method.get("drafter_id"), server_port=summary["port"])
+            records += recs
+    else:
+        factories, sizes, controllers = batched_serving_methods(target, st, drafters, concurrency, prompts, out)
+        records = serving_records(target, factories, prompts, ids, concurrency, st["max_new_tokens"], sizes, stops,
+                                  controllers=controllers, repeat=repeat, repeats=1,
+                                  interleave=st.get("interleave", "batch"),
+                                  prefill_store=PrefillStore(int(prefill_store_gb * 2**30)))
+    write_records(records, out)
+    write_resolved(Path(out).with_suffix(".resolved.json"), st)
+    return records

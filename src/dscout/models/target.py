@@ -353,6 +353,34 @@ def server_model_path(target_dir: str | os.PathLike) -> str:
     return load_from
 
 
+def load_target_skeleton(target_dir: str | os.PathLike):
+    """The prepared target's shape only (meta device, no weights: :func:`dscout.models.pretrained.target_skeleton`),
+    in its configured dtype (``<target_dir>/target.json``); what an import of a published drafter checks against."""
+    from .pretrained import target_skeleton
+
+    info = json.loads((Path(target_dir) / "target.json").read_text())
+    return target_skeleton(server_model_path(target_dir), getattr(torch, info.get("stage", {}).get("dtype", "float32")))
+
+
+def check_target_shape(model_dir: str | os.PathLike, stage: dict) -> None:
+    """Compare ``target.num_layers`` / ``target.vocab_size`` of the config with a local model's ``config.json``.
+
+    A hub id (no local folder) is checked when the model is loaded.
+
+    Raises:
+        ValueError: naming the key, the config's value and the model's.
+    """
+    cfg_path = Path(model_dir) / "config.json"
+    if not cfg_path.exists():
+        return
+    mc = json.loads(cfg_path.read_text())
+    mc = mc.get("text_config", mc)
+    for key, field in (("num_layers", "num_hidden_layers"), ("vocab_size", "vocab_size")):
+        if stage.get(key) is not None and mc.get(field) is not None and int(stage[key]) != int(mc[field]):
+            raise ValueError(f"config target.{key} = {stage[key]} but the model {model_dir} has {field} = "
+                             f"{mc[field]}: set target.{key}: {mc[field]}")
+
+
 def load_prepared_target(target_dir: str | os.PathLike, stage: dict | None = None) -> "TargetModel":
     """Load the prepared target named by ``<target_dir>/target.json`` in its configured dtype, device and attention
     implementation (the ``stage`` its ``prepare_target`` job wrote; ``stage`` when the file has none)."""
