@@ -1,4 +1,5 @@
-"""The findings table, Tables 1 and 2 and Figures 2, 4 and 7 from the findings stage's per-anchor records.
+"""The findings table (computed verdicts) from the findings stage's per-anchor records; its Tables 1, 2 and
+Figures 2, 4, 7 are rendered by :mod:`dscout.analysis.recipe_artifacts`, the same code as the recipe study's.
 
 Records (:mod:`dscout.experiments.findings`): per drafter, set (``heldout`` = held-out regenerated responses of the
 training mix, ``bench`` = AR outputs of Table 3's benchmark prompts), sequence and bs, the greedy accepted length
@@ -8,9 +9,8 @@ over *every* anchor is reported beside it but not used for verdicts: it weights 
 length while decoding crosses it in a few rounds, so it overstates decoding's MAT (an arithmetic instead of a
 harmonic mean over positions; on the CPU default's DScout drafter, 1.87 against 1.43 at bs 16).
 
-**Intervals.** A paired percentile bootstrap over prompts (sequences): each resample draws the set's prompts
-with replacement once and recomputes every drafter's statistic on that same draw, so a difference between two
-recipes keeps the pairing (both drafters are read on the same sequences). 95 % = the 2.5 / 97.5 percentiles.
+**Intervals.** The paired percentile bootstrap over prompts of :mod:`dscout.analysis.recipe_artifacts`: a difference
+between two recipes keeps its pairing (both drafters are read on the same sequences).
 
 **Verdicts** (computed, :func:`verdict`): every finding's statistic is signed so that the paper's direction is
 positive; ``reproduced`` when the interval lies above 0, ``refuted`` when below, else ``unresolved``; also
@@ -22,124 +22,19 @@ from __future__ import annotations
 
 import csv
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from . import paper
-from .plotting import _plt, save
-from .study import _write_rows
+from .recipe_artifacts import (DEDICATED, EARLY_MAX, FIG4_STEPS, TABLE1_ROWS, TABLE2_ROWS, Bootstrap,  # noqa: F401
+                               Records, RecordSet, interval, record_sets, write_fig2 as _fig2, write_fig4 as _fig4,
+                               write_fig7 as _fig7, write_table1 as _table1, write_table2 as _table2)
+from .walk import decode_walk  # noqa: F401  (re-exported: the findings' definition of decoding's rounds)
 
-FIG4_STEPS = [("DFlash recipe", "dflash"), ("+ fixed 32", "step1_fixed32"), ("+ mixed horizons", "step2_mixed"),
-              ("+ unmasking", "step3_unmask"), ("+ AWL (DScout)", "step4_awl")]
-TABLE1_ROWS = [("{4,8,16,32}", "mixed_short", "mixed_short_unmask"), ("{8,16,24,32}", "step2_mixed", "step3_unmask")]
-TABLE2_ROWS = [("fixed 8", "fixed8", 8), ("fixed 16 (DFlash recipe)", "dflash", 16), ("fixed 32", "step1_fixed32", 32),
-               ("mixed {8,16,24,32}", "step2_mixed", 32)]
 TABLE2_BS = [8, 16, 32]
-DEDICATED = {8: "fixed8", 16: "dflash", 32: "step1_fixed32"}
-EARLY_MAX = 4  # "early rejection": a round that commits 1-4 tokens (the paper's Figure 2)
 SETS = ("heldout", "bench")
-
-
-def decode_walk(lengths: list[int]) -> list[int]:
-    """The rounds greedy decoding runs over a sequence: accepted lengths at anchors ``0, L(0), L(0) + L(L(0)), ...``.
-
-    Args:
-        lengths: :func:`accept_lengths` of the sequence.
-    Returns:
-        accepted length per round; they sum to ``len(lengths)`` (= response tokens - 1, the engine's identity
-        ``sum(accept_lengths) == len(output_ids) - 1``).
-    """
-    rounds, a = [], 0
-    while a < len(lengths):
-        rounds.append(int(lengths[a]))
-        a += lengths[a]
-    return rounds
-
-
-class Records:
-    """Per-prompt sums of one set (held-out or benchmarks; optionally one ``source`` of it), shaped for the paired
-    bootstrap.
-
-    Attributes:
-        prompts: the set's sequence ids (the bootstrap's units), in a fixed order.
-        sums: ``(drafter, bs, quantity) -> [P]`` float array; quantities: ``accepted`` (sum of L over every
-            anchor), ``anchors``, ``tokens`` (committed by the decode walk, = anchors), ``rounds`` (decode-walk
-            rounds), ``early`` (walk rounds with L <= 4), ``long`` (walk rounds with L > 16).
-        hist: ``(drafter, bs) -> {L: rounds}`` over the decode walks (Figures 2, 7).
-    """
-
-    def __init__(self, rows: list[dict], set_name: str, source: str | None = None):
-        rows = [r for r in rows if r.get("set") == set_name and (source is None or r.get("source") == source)]
-        self.prompts = sorted({r["id"] for r in rows})
-        index = {p: i for i, p in enumerate(self.prompts)}
-        P = len(self.prompts)
-        self.sums: dict[tuple, np.ndarray] = defaultdict(lambda: np.zeros(P))
-        self.hist: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-        for r in rows:
-            key, i, L = (r["drafter"], int(r["bs"])), index[r["id"]], r["accept"]
-            walk = decode_walk(L)
-            self.sums[key + ("accepted",)][i] += sum(L)
-            self.sums[key + ("anchors",)][i] += len(L)
-            self.sums[key + ("tokens",)][i] += sum(walk)
-            self.sums[key + ("rounds",)][i] += len(walk)
-            self.sums[key + ("early",)][i] += sum(1 for x in walk if x <= EARLY_MAX)
-            self.sums[key + ("long",)][i] += sum(1 for x in walk if x > 16)
-            for x in walk:
-                self.hist[key][x] += 1
-        self.keys = {k[:2] for k in self.sums}
-
-    def anchors(self) -> int:
-        """Anchors per drafter-bs cell (the smallest over cells; every drafter reads the same sequences)."""
-        return int(min((self.sums[k + ("anchors",)].sum() for k in self.keys), default=0))
-
-    def has(self, drafter: str, bs: int) -> bool:
-        return (drafter, bs) in self.keys
-
-
-class Bootstrap:
-    """Totals of every per-prompt quantity under the point estimate (row 0) and ``R`` paired resamples.
-
-    Args:
-        records: one set's :class:`Records`.
-        resamples: R.
-        seed: numpy seed of the resampling.
-    """
-
-    def __init__(self, records: Records, resamples: int, seed: int):
-        P = len(records.prompts)
-        rng = np.random.default_rng(seed)
-        draws = rng.integers(0, P, size=(resamples, P)) if P else np.zeros((resamples, 0), dtype=int)
-        counts = np.zeros((resamples, P))
-        for r in range(resamples):
-            counts[r] = np.bincount(draws[r], minlength=P)
-        self.weights = np.vstack([np.ones((1, P)), counts])  # row 0: the sample itself
-        self.records = records
-
-    def total(self, drafter: str, bs: int, quantity: str) -> np.ndarray:
-        """``[1 + R]`` totals of ``quantity`` of (drafter, bs); raises KeyError if the cell was not evaluated."""
-        if not self.records.has(drafter, bs):
-            raise KeyError(f"no records of drafter {drafter} at bs {bs}")
-        return self.weights @ self.records.sums[(drafter, bs, quantity)]
-
-    def mat(self, drafter: str, bs: int) -> np.ndarray:
-        """Greedy decoding's MAT, tokens / rounds of the decode walks: ``[1 + R]``."""
-        return self.total(drafter, bs, "tokens") / np.maximum(self.total(drafter, bs, "rounds"), 1)
-
-    def every_anchor_mean(self, drafter: str, bs: int) -> np.ndarray:
-        """Mean accepted length over every anchor (not decoding's MAT; see the module doc): ``[1 + R]``."""
-        return self.total(drafter, bs, "accepted") / np.maximum(self.total(drafter, bs, "anchors"), 1)
-
-    def share(self, drafter: str, bs: int, quantity: str) -> np.ndarray:
-        """Share of decode-walk rounds counted by ``quantity`` (``early``, ``long``): ``[1 + R]``."""
-        return self.total(drafter, bs, quantity) / np.maximum(self.total(drafter, bs, "rounds"), 1)
-
-
-def interval(values: np.ndarray) -> tuple[float, float, float]:
-    """``(estimate, ci_low, ci_high)`` from ``[1 + R]`` bootstrap values (row 0 = the estimate; 95 % percentile)."""
-    lo, hi = np.percentile(values[1:], [2.5, 97.5]) if len(values) > 1 else (np.nan, np.nan)
-    return float(values[0]), float(lo), float(hi)
+SET_LABELS = [("heldout", "held-out"), ("bench", "benchmarks")]
 
 
 def verdict(ci_low: float, ci_high: float, enough: bool = True) -> str:
@@ -345,147 +240,35 @@ def _by_source_lines(rows: list[dict], stage: dict, drafters=("step4_awl", "dfla
     return out
 
 
-def _cell(boot: Bootstrap, drafter: str, bs: int) -> str:
-    if not boot.records.has(drafter, bs):
-        return "n/a"
-    e, lo, hi = interval(boot.mat(drafter, bs))
-    return f"{e:.3f} [{lo:.3f}, {hi:.3f}]"
-
-
-def _diff(values: np.ndarray | None) -> str:
-    if values is None:
-        return "–"
-    e, lo, hi = interval(values)
-    return f"{e:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+def _sets(record_paths, stage: dict) -> list[RecordSet]:
+    return record_sets(load(record_paths), SET_LABELS, stage["bootstrap"])
 
 
 def write_table1(record_paths, out_prefix: str, stage: dict) -> list[list]:
-    """Table 1: MAT at bs 32 with and without unmasking per horizon set, with intervals (held-out, benchmarks)."""
-    rows_in = load(record_paths)
-    boots = _bootstraps(rows_in, stage)
-    rows = []
-    for label, off, on in TABLE1_ROWS:
-        row = [label]
-        for s in SETS:
-            b = boots[s]
-            ok = b.records.has(off, 32) and b.records.has(on, 32)
-            row += [_cell(b, off, 32), _cell(b, on, 32), _diff(b.mat(on, 32) - b.mat(off, 32) if ok else None)]
-        p_off, p_on = paper.TABLE1_MEAN_MAT_BS32[label]
-        rows.append(row + [f"{p_off:.3f} → {p_on:.3f}"])
-    header = ["horizons", "held-out: all masked", "held-out: unmasking", "held-out: Δ", "benchmarks: all masked",
-              "benchmarks: unmasking", "benchmarks: Δ", "paper (Qwen3-8B)"]
-    _write_rows(Path(out_prefix), header, rows, "Table 1 — intra-block unmasking x horizon set (MAT at bs 32)",
-                _caption(stage), ["Paper: unmasking lowers mean MAT with {4,8,16,32} and raises it with "
-                                  "{8,16,24,32}. Verdicts: results/tables/findings.md."])
-    return rows
+    """Table 1 from the findings records (held-out and benchmark columns): :func:`recipe_artifacts.write_table1`."""
+    return _table1(_sets(record_paths, stage), out_prefix, _caption(stage), "Verdicts: results/tables/findings.md.")
 
 
 def write_table2(record_paths, out_prefix: str, stage: dict) -> list[list]:
-    """Table 2: MAT per training horizon x inference bs (held-out), and mixed - dedicated per bs on both sets."""
-    boots = _bootstraps(load(record_paths), stage)
-    b = boots["heldout"]
-    rows = [[label] + [(_cell(b, r, bs) if bs <= h else "n/a") for bs in TABLE2_BS] for label, r, h in TABLE2_ROWS]
-    for s, label in (("heldout", "mixed − dedicated fixed-bs (held-out)"), ("bench", "mixed − dedicated (benchmarks)")):
-        bb = boots[s]
-        rows.append([label] + [_diff(bb.mat("step2_mixed", bs) - bb.mat(DEDICATED[bs], bs))
-                               if bb.records.has("step2_mixed", bs) and bb.records.has(DEDICATED[bs], bs) else "–"
-                               for bs in TABLE2_BS])
-    header = ["training horizon"] + [f"bs {bs}" for bs in TABLE2_BS]
-    _write_rows(Path(out_prefix), header, rows, "Table 2 — training horizon x inference block size (held-out MAT)",
-                _caption(stage) + " A fixed-horizon drafter is read only at bs up to its horizon (n/a above).",
-                ["Paper: the mixed {8,16,24,32} checkpoint is at or above a dedicated fixed-horizon model at every "
-                 "bs. Verdicts: results/tables/findings.md."])
-    return rows
+    """Table 2 from the findings records (MAT on the held-out set): :func:`recipe_artifacts.write_table2`."""
+    return _table2(_sets(record_paths, stage), out_prefix, _caption(stage), TABLE2_BS,
+                   "Verdicts: results/tables/findings.md.")
 
 
-def write_fig4(record_paths, out_prefix: str, stage: dict) -> dict[str, tuple]:
-    """Figure 4: cumulative recipe ablation at bs 16, held-out and benchmark MAT with 95 % intervals."""
-    plt = _plt()
-    boots = _bootstraps(load(record_paths), stage)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
-    out = {}
-    width = 0.38
-    for j, (s, color) in enumerate((("heldout", "tab:blue"), ("bench", "tab:green"))):
-        b = boots[s]
-        vals = [interval(b.mat(r, 16)) if b.records.has(r, 16) else (np.nan,) * 3 for _, r in FIG4_STEPS]
-        out[s] = vals
-        xs = np.arange(len(vals)) + (j - 0.5) * width
-        est = np.array([v[0] for v in vals])
-        err = np.array([[v[0] - v[1] for v in vals], [v[2] - v[0] for v in vals]])
-        axes[0].bar(xs, est, width=width, color=color, yerr=err, capsize=3,
-                    label="held-out responses" if s == "heldout" else "benchmark prompts")
-        for x, v, prev in zip(xs, est, np.r_[np.nan, est[:-1]]):
-            if np.isfinite(v):
-                axes[0].text(x, v, f"{v:.2f}" + (f"\n{v - prev:+.2f}" if np.isfinite(prev) else ""), ha="center",
-                             va="bottom", fontsize=6)
-    axes[0].set_xticks(range(len(FIG4_STEPS)), [lab for lab, _ in FIG4_STEPS], rotation=20, ha="right", fontsize=8)
-    axes[0].set_ylabel("MAT at bs 16 (tokens / round)")
-    axes[0].legend(fontsize=7, loc="lower right")
-    axes[0].set_title(f"Ours: {stage['target_name']}, {stage['shape']}, {stage['max_steps']} updates, 95 % CI", fontsize=9)
-    inc = paper.FIGURE4_INCREMENTS
-    axes[1].bar(range(len(inc)), inc, color="tab:orange")
-    for i, v in enumerate(inc):
-        axes[1].text(i, v, f"+{v:.3f}", ha="center", va="bottom", fontsize=8)
-    axes[1].set_xticks(range(len(inc)), [lab for lab, _ in FIG4_STEPS[1:]], rotation=20, ha="right", fontsize=8)
-    axes[1].set_ylabel("MAT increment")
-    axes[1].set_title("Paper (reported): Qwen3-8B 9t9d, bs 16", fontsize=9)
-    fig.suptitle("Figure 4 — cumulative recipe ablation (teacher-forced greedy MAT)", fontsize=10)
-    save(fig, out_prefix)
-    plt.close(fig)
-    return out
-
-
-def _hist_plot(ax, records: Records, cells: list[tuple[str, str, int]], max_len: int) -> dict[str, dict[int, float]]:
-    shares = {}
-    width = 0.8 / max(len(cells), 1)
-    for i, (label, drafter, bs) in enumerate(cells):
-        h = records.hist.get((drafter, bs))
-        if not h:
-            continue
-        n = sum(h.values())
-        shares[label] = {x: h.get(x, 0) / n for x in range(1, max_len + 1)}
-        early = sum(v for x, v in shares[label].items() if x <= EARLY_MAX)
-        xs = np.arange(1, max_len + 1) + (i - (len(cells) - 1) / 2) * width
-        ax.bar(xs, [100 * shares[label][x] for x in range(1, max_len + 1)], width=width,
-               label=f"{label}: 1–{EARLY_MAX} tokens {100 * early:.1f}%, full block {100 * shares[label][bs]:.1f}%")
-    ax.set_ylabel("share of decoding rounds (%)")
-    ax.legend(fontsize=7)
-    return shares
+def write_fig4(record_paths, out_prefix: str, stage: dict) -> dict:
+    """Figure 4 from the findings records: :func:`recipe_artifacts.write_fig4`."""
+    return _fig4(_sets(record_paths, stage), out_prefix,
+                 f"{stage['target_name']}, {stage['shape']}, {stage['max_steps']} updates, teacher-forced")
 
 
 def write_fig2(record_paths, out_prefix: str, stage: dict) -> dict:
-    """Figure 2: accept-length distribution of greedy decoding rounds, mixed horizons vs fixed 32, at bs 32."""
-    plt = _plt()
-    rows = load(record_paths)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
-    out = {}
-    for ax, s in zip(axes, SETS):
-        out[s] = _hist_plot(ax, Records(rows, s), [("fixed 32", "step1_fixed32", 32),
-                                                  ("mixed {8,16,24,32}", "step2_mixed", 32)], 32)
-        ax.set_xlabel("accepted length per round at bs 32 (tokens, bonus included)")
-        ax.set_title("held-out responses" if s == "heldout" else "benchmark prompts", fontsize=9)
-    fig.suptitle("Figure 2 — mixed vs fixed-32 training: accept lengths of greedy decoding (teacher-forced walk); "
-                 "paper: mixed cuts rounds of 1–4 tokens", fontsize=9)
-    save(fig, out_prefix)
-    plt.close(fig)
-    return out
+    """Figure 2 from the findings records (held-out and benchmark panels): :func:`recipe_artifacts.write_fig2`."""
+    return _fig2(_sets(record_paths, stage), out_prefix)
 
 
 def write_fig7(record_paths, out_prefix: str, stage: dict) -> dict:
-    """Figure 7: accept-length distribution per training recipe at bs 16 (held-out and benchmark decode walks)."""
-    plt = _plt()
-    rows = load(record_paths)
-    fig, axes = plt.subplots(2, 1, figsize=(9, 6.4), sharex=True)
-    out = {}
-    for ax, s in zip(axes, SETS):
-        out[s] = _hist_plot(ax, Records(rows, s), [(lab, r, 16) for lab, r in FIG4_STEPS], 16)
-        ax.set_title("held-out responses" if s == "heldout" else "benchmark prompts", fontsize=9)
-    axes[1].set_xlabel("accepted length per round at bs 16 (tokens, bonus included)")
-    fig.suptitle("Figure 7 — accept-length distribution per training recipe; paper: DFlash(16) accepts the full "
-                 f"block in {100 * paper.DFLASH_FULL_BLOCK_SHARE_BS16:.1f}% of rounds", fontsize=9)
-    save(fig, out_prefix)
-    plt.close(fig)
-    return out
+    """Figure 7 from the findings records (held-out and benchmark panels): :func:`recipe_artifacts.write_fig7`."""
+    return _fig7(_sets(record_paths, stage), out_prefix)
 
 
 WRITERS = {"findings": write_findings, "table1": write_table1, "table2": write_table2, "fig2": write_fig2,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..analysis.findings import decode_walk
+from ..analysis.walk import decode_walk
 from ..training.blocks import block_attention_mask, build_blocks
 
 
