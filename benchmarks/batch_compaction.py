@@ -14,8 +14,13 @@ cannot change AR beyond noise). Outputs must equal AR's in every batch.
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None):
@@ -30,12 +35,14 @@ def main(argv=None):
     p.add_argument("--block-sizes", default="2,4")
     p.add_argument("--passes", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=str(ROOT / "reports" / "batch_compaction" / "report.md"))
     a = p.parse_args(argv)
+    t0 = time.perf_counter()
 
     from dscout.decoding.batched import BatchedSpeculativeEngine
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.models.export import drafter_for_target
+    from dscout.provenance import report_header
     from serving_batch import emit_report, load_serving_batch
 
     levels = [int(c) for c in a.concurrency.split(",")]
@@ -88,6 +95,10 @@ def main(argv=None):
                 lines.append(f"| {c} | {name} | {'on' if compact else 'off'} | {med(x[0] for x in v):.2f} | "
                              f"{med(x[1] for x in v):.0f} | {med(x[2] for x in v):.1f} | {med(ratios):.3f} "
                              f"[{min(ratios):.3f}, {max(ratios):.3f}] |")
+    command = "python benchmarks/batch_compaction.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    lines = report_header(lines[0][2:], command, time.perf_counter() - t0) + lines[2:]
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     emit_report(lines, a.out)
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -257,7 +258,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True)
     ap.add_argument("--drafter", required=True)
-    ap.add_argument("--out", default="results/batched_drafting")
+    ap.add_argument("--out", default=str(ROOT / "reports" / "batched_drafting"))
     ap.add_argument("--data-root", default=None,
                     help="the data mirror (default: $DSCOUT_DATA_ROOT, else config.yaml's data_root beside the project)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
@@ -271,6 +272,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--note", default="", help="what else ran on the machine (goes into the report)")
     a = ap.parse_args(argv)
+    t_start = time.perf_counter()
     if a.data_root is None:
         import os
 
@@ -321,9 +323,14 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / "report.md").write_text(report(res))
+    from dscout.provenance import report_header
+
+    body = report(res).split("\n")
+    command = "python benchmarks/batched_drafting.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    text = "\n".join(report_header(body[0][2:], command, time.perf_counter() - t_start) + body[2:])
+    (out / "report.md").write_text(text)
     figure(res, out / "draft_cost.png")
-    print(report(res))
+    print(text)
 
 
 if __name__ == "__main__":

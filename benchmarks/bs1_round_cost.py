@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None):
@@ -38,8 +41,10 @@ def main(argv=None):
                    help="batched engine: AR against a bs-1-only controller at these c (comma list; '' = none)")
     p.add_argument("--batch-new-tokens", type=int, default=16)
     p.add_argument("--skip-single", action="store_true", help="only the batched part (no c = 1 engines)")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=str(ROOT / "reports" / "bs1_round_cost" / "report.md"),
+                   help="report.md (and its .json beside it); '' = print only")
     a = p.parse_args(argv)
+    t0 = time.perf_counter()
 
     import torch
 
@@ -144,6 +149,10 @@ def main(argv=None):
                   + "; ".join(f"{n}: first round {statistics.median(split[n]['first_round']):.3f}, later rounds' "
                               f"verify {statistics.median(split[n]['verify']):.3f}, later rounds' rest "
                               f"{statistics.median(split[n]['other']):.3f}" for n in pair) + "."]
+    from dscout.provenance import report_header
+
+    command = "python benchmarks/bs1_round_cost.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    lines = report_header(lines[0][2:], command, time.perf_counter() - t0) + lines[2:]
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -8,7 +8,7 @@ every round of a simulated job of ``--rounds`` rounds (about three repeats of a 
   runs, as measured);
 - a round time in units of one bs-1 round: the calibration prices a bs round at ``1 + 0.03 bs`` (the CPU
   default's start-up calibration: bs 2 1.06x, bs 4 1.12x a bs-1 verify), a real drafted round costs ``extra`` times
-  that (measured 1.2–1.8x on this CPU, docs/online_controller.md), each round times a log-normal noise of
+  that (measured 1.2–1.8x on this CPU, reports/online_controller/report.md), each round times a log-normal noise of
   mean 1 (``--noise``), optionally times a load burst (both classes, or drafted rounds only).
 Tokens per unit time are reported against AR (a bs-1 round = 1 token per unit) and against the best fixed bs,
 as the median over ``--seeds`` jobs.
@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import random
+import shlex
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from dscout.decoding.controller import BlockSizeController  # noqa: E402
+from dscout.provenance import ROOT, report_header  # noqa: E402
 
 SCENARIOS = {  # name: (a1, a, extra)
     "never pays (a1 0.05)": (0.05, 0.3, 1.45),
@@ -139,10 +142,13 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=380)
     p.add_argument("--seeds", type=int, default=30)
     p.add_argument("--noise", type=float, default=0.1, help="sigma of the log-normal round-time noise")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, default=ROOT / "reports" / "controller_simulation" / "report.md",
+                   help="report.md; '' = print only")
     args = p.parse_args(argv)
+    t0 = time.perf_counter()
     cols = list(SCENARIOS) + list(BURSTS) + list(REGIMES)
-    lines = [f"Simulated jobs of {args.rounds} rounds, median of {args.seeds} seeds, round-time noise "
+    lines = ["# Simulated controller jobs: DScout(online) against AR and fixed bs", "",
+             f"Simulated jobs of {args.rounds} rounds, median of {args.seeds} seeds, round-time noise "
              f"sigma {args.noise}: DScout(online) tokens per unit time / AR (drafted rounds per job, mean).", "",
              "| setting | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     best = {}
@@ -165,9 +171,11 @@ def main(argv=None):
     regime_best = [best_fixed_regime(*v, args.rounds, args.seeds, args.noise) for v in REGIMES.values()]
     lines.append("| best fixed bs | " + " | ".join(f"{r:.3f} (bs {b})" for r, b in best.values())
                  + " | – | – | " + " | ".join(f"{r:.3f} (bs {b})" for r, b in regime_best) + " |")
+    command = "python benchmarks/controller_simulation.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    lines = report_header(lines[0][2:], command, time.perf_counter() - t0, "(simulated rounds: no timing)") + lines[2:]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
+    if args.out and str(args.out) not in ("", "."):
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +55,7 @@ def main(argv=None) -> None:
     p.add_argument("--data-root", default=None)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
+    t_start = time.perf_counter()
 
     import torch
 
@@ -114,6 +117,10 @@ def main(argv=None) -> None:
             best[r["kind"]] = r
     lines += ["", "Best per drafter: " + "; ".join(f"{k}: {v['name']} ({v['speedup']:.2f}×, τ {v['tau']:.2f})"
                                                   for k, v in best.items())]
+    from dscout.provenance import report_header
+
+    command = "python benchmarks/decode_configs.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    lines = report_header(lines[0][2:], command, time.perf_counter() - t_start) + lines[2:]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

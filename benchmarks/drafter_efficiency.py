@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -203,7 +204,8 @@ def _tau(summary: dict, bs: int) -> float:
     return {int(k): v for k, v in summary["tau"].items()}[bs]
 
 
-def write_report(res: dict, out: Path) -> None:
+def write_report(res: dict, out: Path, command: str = "", wall_seconds: float | None = None) -> None:
+    """``report.md`` (provenance header when ``command`` is given, then the tables) and the figures in ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -252,6 +254,10 @@ def write_report(res: dict, out: Path) -> None:
             m16 = sum(_tau(entry["benchmarks"][b], 16) for b in benches) / len(benches)
             a1 = sum(entry["benchmarks"][b]["offset_accuracy"][0] for b in benches) / len(benches)
             lines.append(f"| {n} | " + " | ".join(cells) + f" | {m4:.2f} / {m16:.2f} | {a1:.3f} |")
+    if command:
+        from dscout.provenance import report_header
+
+        lines = report_header(lines[0][2:], command, wall_seconds or 0.0) + lines[2:]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for name, r in v.items():
@@ -325,6 +331,7 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--mask-token-id", type=int, default=16, help="config target.mask_token_id")
     a = p.parse_args(argv)
+    t_start = time.perf_counter()
 
     import torch
 
@@ -378,7 +385,8 @@ def main(argv=None) -> None:
         res.setdefault("teacher_forced", {}).update(
             {n: {"bench_dir": _rel(a.tf_bench), "drafter_dir": _rel(dirs[n]), "benchmarks": v} for n, v in tf.items()})
         res_path.write_text(json.dumps(res, indent=1))
-    write_report(res, out)
+    write_report(res, out, "python benchmarks/drafter_efficiency.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+                 time.perf_counter() - t_start)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Each call also reports its wall time, warm-ups included, and the process's peak 
 calls share one prefill store (the batch is prefilled once per tapped layer set), as Table 4's repeats do.
 
     python benchmarks/interleave_cost.py --target results/target/<id> --dscout results/drafters/<id> \
-        --dflash results/drafters/<id> --concurrency 32 --calls 8 --out benchmarks/interleave_cost/report.md
+        --dflash results/drafters/<id> --concurrency 32 --calls 8 --out reports/interleave_cost/report.md
 
 Nothing else may run meanwhile (2 cores).
 """
@@ -19,10 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None):
@@ -38,8 +41,10 @@ def main(argv=None):
     p.add_argument("--online", action="store_true", help="add DScout(online) with the default controller")
     p.add_argument("--calls", type=int, default=8, help="serving calls in all, half per mode (ABBA order)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=str(ROOT / "reports" / "interleave_cost" / "report.md"),
+                   help="report.md (and its .json beside it); '' = print only")
     a = p.parse_args(argv)
+    t_start = time.perf_counter()
 
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.evaluation.serving import serving_records
@@ -103,6 +108,10 @@ def main(argv=None):
                      f"{med(rr):.3f} [{min(rr):.3f}, {max(rr):.3f}] |")
     lines += ["", f"Wall per call (warm-ups included), median: batch {med(wall['batch']):.1f} s, "
               f"round {med(wall['round']):.1f} s."]
+    from dscout.provenance import report_header
+
+    command = "python benchmarks/interleave_cost.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    lines = report_header(lines[0][2:], command, time.perf_counter() - t_start) + lines[2:]
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

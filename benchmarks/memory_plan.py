@@ -16,10 +16,7 @@ Writes ``reports/memory_plan/report.md`` (provenance header: date, commit, host 
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -61,27 +58,10 @@ def update_flops(arch: dict, *, num_layers: int, num_taps: int, block_size: int,
     return {"target": target, "drafter": drafter, "total": target + drafter}
 
 
-def _git(*args) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main(argv=None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configfile", default="presets/paper.yaml")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "memory_plan" / "report.md"))
+    ap.add_argument("--out", default=str(ROOT / "reports" / "memory_plan" / "report.md"))
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     from dscout.config import load_config
@@ -103,13 +83,11 @@ def main(argv=None) -> Path:
     updates = math.ceil(float(tr["epochs"]) * PROMPTS / per_update)
     seconds = time.perf_counter() - t0
 
-    lines = [
-        "# Memory per GPU and training time of the paper's drafters", "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- commit: {_git('rev-parse', '--short', 'HEAD')}",
-        f"- host CPU: {_cpu()} (no GPU: the plan runs on fake tensors)",
-        f"- command: `python benchmarks/memory_plan.py --configfile {a.configfile}`",
-        f"- wall time: {seconds:.0f} s", "",
+    from dscout.provenance import report_header
+
+    lines = report_header("Memory per GPU and training time of the paper's drafters",
+                          f"python benchmarks/memory_plan.py --configfile {a.configfile}", seconds,
+                          "(no GPU: the plan runs on fake tensors)") + [
         "## Memory plan (one update per drafter, fake tensors)", "",
         f"`dscout memory-plan --configfile {a.configfile}`: target Qwen3-8B (bf16, {arch['layers']} layers), every drafter "
         f"at its worst-case micro-step ({tr['micro_batch_size']} sequence(s) x {config['responses']['max_length']} tokens, "

@@ -4,7 +4,11 @@ Usage (after ``snakemake results/tables/table3.md results/tables/table4.md`` wit
 row and ``serving.online: true``)::
 
     python benchmarks/online_controller_report.py --bench results/bench/<id> --serving results/serving/<id> \
-        --out docs/online_controller_run.md
+        --out reports/online_controller/run_<name>.md
+
+The file opens with a provenance header (``dscout.provenance.report_header``: date, commit, host CPU, this command,
+this script's wall time; the run's own wall time is in its records). A raw run report sits beside
+``reports/online_controller/report.md``, which says what the runs found (newest first).
 
 Per benchmark (Table 3, c = 1, T = 0) and per concurrency (Table 4): each repeat's throughput ratio to AR's in the
 same repeat, reported as the median over repeats with [min, max]; the best fixed bs is the one with the highest
@@ -22,13 +26,16 @@ import argparse
 import glob
 import json
 import os
+import shlex
 import statistics
 import sys
+import time
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from dscout.analysis.table4 import table4_rows, throughput_table  # noqa: E402
+from dscout.provenance import report_header  # noqa: E402
 
 
 def _load(paths):
@@ -138,9 +145,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", help="results/bench/<id> of a Table 3 run with DScout(online)")
     ap.add_argument("--serving", help="results/serving/<id> of a Table 4 run with serving.online")
-    ap.add_argument("--out", help="write the markdown here (default: stdout)")
+    ap.add_argument("--out", help="write the markdown here, e.g. reports/online_controller/run_<name>.md "
+                    "(default: stdout only)")
+    ap.add_argument("--title", default="DScout(online) against AR and the fixed block sizes: raw-record report")
     a = ap.parse_args(argv)
-    md = []
+    t_start = time.perf_counter()
+    md = [f"Records: {', '.join(p for p in (a.bench, a.serving) if p)}.", ""]
     if a.bench:
         rows = bench_rows(a.bench)
         several = len({r["method"] for r in rows}) > 1
@@ -190,8 +200,11 @@ def main(argv=None):
                      if "bs1_share" in r else "| – | – | – |")
             md.append(f"| {r['c']} | {r['method']} | {r['ms_per_round']:.1f} | {r['tau']:.2f} {extra}")
         md.append("")
+    command = "python benchmarks/online_controller_report.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    md = report_header(a.title, command, time.perf_counter() - t_start) + md
     text = "\n".join(md) + "\n"
     if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "w") as f:
             f.write(text)
     print(text)

@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +124,8 @@ def main() -> None:
     ap.add_argument("--min-response-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tmp", default=None, help="folder for the synthetic file (default: a system temp folder)")
-    ap.add_argument("--out", default=None, help="report.md path")
+    ap.add_argument("--out", default=str(ROOT / "reports" / "responses_startup" / "report.md"),
+                    help="report.md path ('' = print only)")
     a = ap.parse_args()
     t_all = time.perf_counter()
     sys.path.insert(0, str(ROOT / "src"))
@@ -144,24 +144,12 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - t_all
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit, dirty = "unknown", ""
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor())
-    lines = [
-        "# Training start-up on a 1.4M-row responses file: JSONL lists (before) vs packed memory-mapped (after)",
-        "",
-        f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- commit: {commit}{' (with uncommitted changes)' if dirty else ''}",
-        f"- host CPU: {cpu}, {os.cpu_count()} cores (shared with other jobs: times are indicative)",
-        f"- command: `python {' '.join([Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).is_absolute() else sys.argv[0], *sys.argv[1:]])}`",
-        f"- wall time: {wall:.0f} s",
-        "",
+    from dscout.provenance import report_header
+
+    lines = report_header(
+        "Training start-up on a 1.4M-row responses file: JSONL lists (before) vs packed memory-mapped (after)",
+        "python benchmarks/responses_startup.py " + shlex.join(sys.argv[1:]), wall,
+        "(shared with other jobs: times are indicative)") + [
         f"Input: {a.rows:,} synthetic rows, {tokens:,} tokens (prompt {a.prompt_tokens[0]}-{a.prompt_tokens[1]}, "
         f"response {a.response_tokens[0]}-{a.response_tokens[1]} tokens per row, uniform), JSONL {size_mb:,.0f} MiB "
         f"(written in {write_s:.0f} s); max_length {a.max_length}, min_response_tokens {a.min_response_tokens}. "

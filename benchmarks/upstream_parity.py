@@ -22,7 +22,7 @@ Usage (one command; trains the drafter first if ``results/`` lacks it)::
 
     python benchmarks/upstream_parity.py --out reports/upstream_parity
 
-Writes ``results.json`` and ``README.md`` (the report) to ``--out``. Run it on a quiet machine: the report
+Writes ``results.json`` and ``report.md`` (provenance header, then the tables) to ``--out``. Run it on a quiet machine: the report
 records the load average and the other processes' CPU share seen at the start and the end.
 """
 
@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -71,7 +72,7 @@ def train_drafter(cores: int) -> Path:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="reports/upstream_parity")
+    ap.add_argument("--out", default=str(ROOT / "reports" / "upstream_parity"))
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--block-sizes", default="4,16")
     ap.add_argument("--repeats", type=int, default=2)
@@ -80,6 +81,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-packed", dest="packed", action="store_false",
                     help="run our engine on plain (unpacked) weights too, as upstream's")
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()
 
     import torch
 
@@ -165,11 +167,14 @@ def main(argv=None) -> None:
         "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": load_after,
         "busy_before": busy_before, "busy_after": busy_after, "rows": rows}
     (out / "results.json").write_text(json.dumps(res, indent=1))
-    write_report(res, out / "README.md")
+    write_report(res, out / "report.md",
+                 "python benchmarks/upstream_parity.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+                 time.perf_counter() - t_start)
 
 
-def write_report(res: dict, path: Path) -> None:
-    """The committed report: per bs, τ of both runtimes and ms per output token of both."""
+def write_report(res: dict, path: Path, command: str = "", wall_seconds: float | None = None) -> None:
+    """The committed report: per bs, τ of both runtimes and ms per output token of both (provenance header when
+    ``command`` is given)."""
     lines = ["# Our engine vs z-lab's `dflash_generate` on SmolLM2-135M-Instruct (CPU)", "",
              f"Drafter `{res['drafter']}` (full vocabulary, trained by the pipeline: {res['training']}); "
              f"greedy, max {res['max_new_tokens']} new tokens, one prompt per benchmark, {res['repeats']} repeats, "
@@ -204,6 +209,10 @@ def write_report(res: dict, path: Path) -> None:
         lines.append(f"| {bs} | {ro:.3f} | {ru:.3f} | {o:.2f} | {u:.2f} | {o / u:.3f} |")
     lines += ["", f"Load average before / after: {res['loadavg_before']} / {res['loadavg_after']}; other busy "
               f"processes before: {res['busy_before']}; after: {res['busy_after']}.", ""]
+    if command:
+        from dscout.provenance import report_header
+
+        lines = report_header(lines[0][2:], command, wall_seconds or 0.0) + lines[2:]
     path.write_text("\n".join(lines))
 
 

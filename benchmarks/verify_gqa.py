@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None):
@@ -30,12 +35,14 @@ def main(argv=None):
     p.add_argument("--block-size", type=int, default=2)
     p.add_argument("--passes", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=str(ROOT / "reports" / "verify_gqa" / "report.md"))
     a = p.parse_args(argv)
+    t0 = time.perf_counter()
 
     from dscout.decoding.batched import BatchedSpeculativeEngine
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.models.export import drafter_for_target
+    from dscout.provenance import report_header
     from serving_batch import emit_report, load_serving_batch
 
     target, _, prompts, stops = load_serving_batch(a.target, a.data_root, a.benchmarks, a.concurrency, a.threads)
@@ -72,6 +79,10 @@ def main(argv=None):
         if r["ar"]:
             lines.append(f"| {name} | {med(r['ar']):.2f} | {med(r['spec']):.2f} | {med(r['spec_verify']):.2f} | "
                          f"{med(r['ratio']):.3f} [{min(r['ratio']):.3f}, {max(r['ratio']):.3f}] |")
+    command = "python benchmarks/verify_gqa.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    lines = report_header(lines[0][2:], command, time.perf_counter() - t0) + lines[2:]
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     emit_report(lines, a.out)
 
 

@@ -7,7 +7,7 @@ Needs a project folder where the CPU default has run (its target and drafters un
 it reruns Table 4's serving jobs of both runtimes back to back, at this commit, with nothing else scheduled
 (``snakemake --cores all --rerun-triggers mtime --forcerun serving_benchmark serving_vllm --
 results/tables/table4.md``: the run's target and drafters are taken as they are, even from an older commit), then
-writes ``benchmarks/vllm_peer/report.md`` (provenance header, the table,
+writes ``reports/vllm_peer/report.md`` (provenance header, the table,
 and the per-round costs that say where the time goes). Run it on a quiet machine: timings are side by side only when
 nothing else runs.
 
@@ -56,7 +56,7 @@ def main(argv=None) -> Path:
     ap.add_argument("--project", required=True, help="a folder where the CPU default (or --configfile) has run")
     ap.add_argument("--configfile", nargs="*", default=[], help="presets merged over config.yaml, as for the run")
     ap.add_argument("--no-run", action="store_true", help="report the records already there (no rerun)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "vllm_peer" / "report.md"))
+    ap.add_argument("--out", default=str(ROOT / "reports" / "vllm_peer" / "report.md"))
     a = ap.parse_args(argv)
     from dscout.provenance import report_header
 
