@@ -17,7 +17,7 @@ from dscout.experiments.depth_search import candidate_stage as depth_candidate_s
 from dscout.experiments.depth_search import unimodal_peak_search  # noqa: E402
 
 validate(config, "../schemas/config.schema.yaml")
-dcfg._check_references(config)
+dcfg.check_references(config)
 # block sizes vs horizons, mask id vs vocabulary, data files (a relative data_root: relative to this project)
 dcfg.check_plan(config, "the merged config files", project_dir=workflow.basedir)
 

@@ -297,7 +297,7 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
 
     def train_cost(num_layers, num_taps, opts, recipe, training):
         p = drafter_params(shape, num_layers, num_taps, (opts or {}).get("draft_vocab_size"))
-        horizon = dcfg._max_horizon({"recipe": recipe}) or 16
+        horizon = dcfg.max_horizon({"recipe": recipe}) or 16
         seqs_per_step = training["micro_batch_size"] * ranks * (training.get("gradient_accumulation_steps") or 1)
         steps = training["max_steps"] or math.ceil(training["epochs"] * n_resp / seqs_per_step)
         seqs = steps * seqs_per_step
