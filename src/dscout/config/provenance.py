@@ -22,7 +22,7 @@ STAGE_CODE = {
     "accuracy": ["models/target.py", "evaluation/accuracy.py", "evaluation/scoring.py", "jsonl.py", "data"],
     "analysis": ["analysis", "jsonl.py", "decoding/latency.py"],
     "depth": ["models", "training", "decoding", "experiments", "kinds.py", "data"],
-    "findings": ["models", "decoding", "experiments/findings.py", "analysis/findings.py", "training/blocks.py", "training/holdout.py",
+    "findings": ["models", "decoding", "experiments/findings.py", "analysis/walk.py", "training/blocks.py", "training/holdout.py",
                  "training/features.py", "data", "jsonl.py"],
     "findings_analysis": ["analysis"],
     "serving": ["models", "decoding", "evaluation/serving.py", "evaluation/methods.py", "evaluation/prefill_store.py",
