@@ -87,7 +87,7 @@ class Eagle3Proposer:
         # nodes: token (target id), parent, score, producing hidden
         tokens, parents, scores, hiddens = [], [], [], []
         top = torch.topk(logp, k)
-        for s, i in zip(top.values.tolist(), d.draft_to_target(top.indices).tolist()):
+        for s, i in zip(top.values.tolist(), d.to_target_ids(top.indices).tolist()):
             tokens.append(int(i))
             parents.append(-1)
             scores.append(s)
@@ -119,7 +119,7 @@ class Eagle3Proposer:
             cand = []
             for qi, n in enumerate(frontier):
                 t = torch.topk(lp[qi], k)
-                for s, i in zip(t.values.tolist(), d.draft_to_target(t.indices).tolist()):
+                for s, i in zip(t.values.tolist(), d.to_target_ids(t.indices).tolist()):
                     cand.append((scores[n] + s, n, int(i), a[0, qi]))
             start = len(tokens)
             for s, n, tok, h in cand:

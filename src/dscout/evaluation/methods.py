@@ -16,9 +16,9 @@ def load_proposer(spec: dict, drafter_dir: str, target):
     Raises:
         KeyError: for a method kind without a proposer here.
     """
-    from ..kinds import load, method_kind
+    from ..kinds import method_kind, resolve
 
-    return load(method_kind(spec["kind"]).proposer)(spec, drafter_dir, target)
+    return resolve(method_kind(spec["kind"]), "proposer")(spec, drafter_dir, target)
 
 
 def block_diffusion_proposer(spec: dict, drafter_dir: str, target):

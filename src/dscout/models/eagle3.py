@@ -273,11 +273,11 @@ class Eagle3Drafter(PreTrainedModel):
         self.d2t.copy_(d2t.to(self.d2t.device))
         self.t2d.copy_(t2d.to(self.t2d.device))
 
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocab ids -> target ids (any shape)."""
         return draft_to_target(draft_ids, self.d2t)
 
-    def target_to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft-vocab ids (any shape), ``-1`` where not in the draft vocabulary."""
         return target_to_draft(target_ids, self.t2d)
 

@@ -60,13 +60,13 @@ def import_pretrained_drafter(kind: str, source: str, target, out_dir: str | os.
         ValueError: for an unknown kind, or a checkpoint that does not match the target (vocabulary, hidden
             size or layer count).
     """
-    from ..kinds import DRAFTER_KINDS, load
+    from ..kinds import DRAFTER_KINDS, resolve
 
     if kind not in DRAFTER_KINDS:
         raise ValueError(f"cannot import a '{kind}' drafter (known: {', '.join(DRAFTER_KINDS)})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    drafter, label = load(DRAFTER_KINDS[kind].pretrained)(_local(source), target, out)
+    drafter, label = resolve(kind, "pretrained")(_local(source), target, out)
     summary = {"kind": kind, "pretrained": source, "label": label, "steps": 0,
                "drafter_parameters": sum(p.numel() for p in drafter.parameters())}
     (out / "training_summary.json").write_text(json.dumps(summary, indent=1))

@@ -261,7 +261,8 @@ def training_method(cfg):
 
     Raises:
         KeyError: listing the valid kinds.
+        TypeError: the kind's entry does not implement :mod:`dscout.protocols` (kind, class and members named).
     """
-    from ..kinds import drafter_kind, load
+    from ..kinds import resolve
 
-    return load(drafter_kind(cfg.kind).training_method)(cfg)
+    return resolve(cfg.kind, "training_method")(cfg)
