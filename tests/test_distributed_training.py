@@ -50,9 +50,14 @@ def _stopped_by_sigterm(work, did, target, args, after_step, signal_launcher):
 
     paused = work / "results" / "checkpoints" / "drafters" / did / "paused.json"
     paused.unlink(missing_ok=True)
+    # the pause is patched into the job's trainer from outside (tests/fault_injection, its sitecustomize)
+    hook = str(ROOT / "tests" / "fault_injection")
+    pythonpath = os.pathsep.join(p for p in (hook, os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", target, *args], cwd=work, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=snakemake_env({"DSCOUT_TEST_PAUSE_AFTER_STEP": str(after_step)}))
+                            env=snakemake_env({"DSCOUT_TEST_PAUSE_AFTER_STEP": str(after_step),
+                                               "DSCOUT_TEST_PAUSE_FILE": str(paused.resolve()),
+                                               "PYTHONPATH": pythonpath}))
     deadline = time.monotonic() + 600
     while not paused.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "training ended before its pause"

@@ -23,7 +23,8 @@ def test_sigterm_save_is_timed_and_the_rerun_records_its_saves(tmp_path, monkeyp
     cfg = TrainConfig(recipe="dscout", num_layers=1, target_layer_ids=[1, 3], mask_token_id=63, num_anchors=4,
                       micro_batch_size=2, lr=3e-3, max_steps=5, checkpoint_every=2, seed=3)
     work = tmp_path / "work"
-    monkeypatch.setenv("DSCOUT_TEST_PAUSE_AFTER_STEP", "2")  # rank 0 waits after step 2 (index) for a signal
+    from dscout.training import trainer
+    from tests.fault_injection.sitecustomize import pause_before_update
 
     def send_sigterm():
         deadline = time.monotonic() + 120
@@ -33,12 +34,13 @@ def test_sigterm_save_is_timed_and_the_rerun_records_its_saves(tmp_path, monkeyp
 
     sender = threading.Thread(target=send_sigterm)
     sender.start()
-    with pytest.raises(TrainingInterrupted):
+    with monkeypatch.context() as mp, pytest.raises(TrainingInterrupted):
+        # rank 0 waits in update 2 (index) for the signal, which that update's gather then carries
+        pause_before_update(trainer, 2, work / "paused.json", mp.setattr)
         train_drafter(t, cfg, tmp_path / "out", work, feature_cache=str(tmp_path / "cache"))
     sender.join()
     err = capfd.readouterr().err
     assert "checkpoint at step 3 saved in" in err and "after signal 15" in err
-    monkeypatch.delenv("DSCOUT_TEST_PAUSE_AFTER_STEP")
     train_drafter(t, cfg, tmp_path / "out", work, feature_cache=str(tmp_path / "cache"))
     summary = json.loads((tmp_path / "out" / "training_summary.json").read_text())
     assert summary["resumed_from_step"] == 3 and summary["steps"] == 5

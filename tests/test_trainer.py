@@ -54,12 +54,15 @@ def test_data_order_is_a_function_of_step():
     assert sorted(first_epoch) == list(range(10))  # a permutation per epoch
 
 
-def test_resume_after_kill_reaches_same_state(setup, tmp_path):
+def test_resume_after_kill_reaches_same_state(setup, tmp_path, monkeypatch):
+    from dscout.training import trainer
+    from tests.fault_injection.sitecustomize import crash_before_update
+
     t, _, cache = setup
     ref = train_drafter(t, _cfg(), tmp_path / "ref", tmp_path / "ref_work", feature_cache=cache)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train_drafter(t, _cfg(), tmp_path / "run", tmp_path / "run_work", feature_cache=cache,
-                      _crash_after_step=4)
+    with monkeypatch.context() as mp, pytest.raises(RuntimeError, match="simulated crash after step 4"):
+        crash_before_update(trainer, 5, mp.setattr)  # killed after update 4 (checkpoint_every 3: saved at 3)
+        train_drafter(t, _cfg(), tmp_path / "run", tmp_path / "run_work", feature_cache=cache)
     assert (tmp_path / "run_work" / "checkpoints" / "latest").exists()
     assert not (tmp_path / "run" / "config.json").exists()
     out = train_drafter(t, _cfg(), tmp_path / "run", tmp_path / "run_work", feature_cache=cache)

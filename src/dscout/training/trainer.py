@@ -212,21 +212,6 @@ class StopSignals:
             signal.signal(s, h)
 
 
-def _pause_for_test(step: int, stop: StopSignals, work: Path, rank: int) -> None:
-    """Testing hook (``DSCOUT_TEST_PAUSE_AFTER_STEP``): after that step, rank 0 writes ``work/paused.json`` (its
-    process id and its parent's, i.e. DeepSpeed's launcher under ``deepspeed``) and waits up to 120 s for a stop
-    signal, so a test can send a real signal from outside at a step that is not a checkpoint step. The other
-    ranks go on to the step's gather and wait there for rank 0, as ranks do that a signal has not reached yet
-    (DeepSpeed's launcher signals its ranks one after another)."""
-    want = os.environ.get("DSCOUT_TEST_PAUSE_AFTER_STEP")
-    if not want or int(want) != step or rank != 0:
-        return
-    (work / "paused.json").write_text(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "step": step}))
-    deadline = time.monotonic() + 120
-    while stop.signum is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -353,7 +338,7 @@ class SubsetSource:
 
 def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir: str | os.PathLike,
                   feature_cache: str | os.PathLike | None = None, sequences: list[dict] | None = None,
-                  sequence_ids: list[int] | None = None, _crash_after_step: int | None = None) -> Path:
+                  sequence_ids: list[int] | None = None) -> Path:
     """Train a drafter and save it with ``save_pretrained`` to ``out_dir`` (resumable).
 
     Args:
@@ -367,7 +352,6 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
             dicts or, at scale, :class:`dscout.data.packed.PackedSequences` (memory-mapped; tokens are read per
             batch and counted in bulk, no per-row object at start-up).
         sequence_ids: train on these sequences of the source only (the rest held out); None = all.
-        _crash_after_step: testing hook, raises after that step as a kill would.
     Returns:
         ``out_dir``.
     Raises:
@@ -458,7 +442,6 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 idx += [source.ids[i] for i in ids] if isinstance(source, SubsetSource) else ids
                 losses.append(float(loss.detach()))
                 horizons.append(metrics.get("block_size"))
-            _pause_for_test(step, stop, work, rank)
             # one collective per step: (sample ids, losses, stop signal, horizons) of every rank
             gathered = _gather((idx, losses, stop.signum, horizons), world)
             per_rank = [g[0] for g in gathered]
@@ -484,8 +467,6 @@ def train_drafter(target, cfg: TrainConfig, out_dir: str | os.PathLike, work_dir
                 raise TrainingInterrupted(done, signum)
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
                 save_seconds.append(_save_checkpoint(engine, ckpt_dir, done))
-            if _crash_after_step is not None and step >= _crash_after_step:
-                raise RuntimeError(f"simulated crash after step {step}")
     bar.close()
     seconds = time.perf_counter() - t_start
     # where each rank's tensors live (dscout.models.placement: rank r of a node on cuda:r)
