@@ -26,20 +26,6 @@ def load_target(target_dir: str, stage: dict | None = None):
     return load_prepared_target(target_dir, stage)
 
 
-def stop_token_ids(target, extra: list[str]) -> list[int]:
-    """:func:`dscout.models.target.stop_token_ids`."""
-    from dscout.models.target import stop_token_ids as ids
-
-    return ids(target, extra)
-
-
-def first_turn_ids(tokenizer, items, chat: dict) -> list[list[int]]:
-    """:func:`dscout.data.prompts.first_turn_ids`."""
-    from dscout.data.prompts import first_turn_ids as ids
-
-    return ids(tokenizer, items, chat)
-
-
 def _set_threads(threads: int | None) -> None:
     import torch
 
@@ -159,62 +145,16 @@ def cmd_train(a):
 
 
 def cmd_bench(a):
-    from dscout.data.prompts import chat_prompt_ids
-    from dscout.evaluation.methods import build_methods, typical_context_tokens
-    from dscout.evaluation.prefill_store import PrefillStore
-    from dscout.evaluation.runner import clear_repeat_dirs, repeat_complete, run_benchmark
-    from dscout.records import write_records
-    from dscout.config import benchmark_slice, write_resolved
-    from dscout.data.benchmarks import stage_prompts
     from dscout.data.paths import data_root
+    from dscout.evaluation.runner import run_bench_job
 
-    st = benchmark_slice(json.loads(a.stage), a.benchmark)  # the job's own benchmark (a no-op on a sliced stage)
-    b = st["benchmarks"]
-    todo = [a.repeat] if a.repeat is not None else list(range(a.repeats))
     if a.repeat is not None and not 0 <= a.repeat < a.repeats:
         raise SystemExit(f"dscout bench {a.benchmark}: --repeat {a.repeat} is not one of the {a.repeats} repeats")
-    out = Path(a.out_dir)
-    clear_repeat_dirs(out, a.repeats)  # folders beyond the configured repeats only
     _set_threads(a.threads)
-    target = load_target(a.target)
-    max_new = b["max_new_tokens"]
-    prompts = stage_prompts(b, a.benchmark, data_root(a.data_root))
-    drafter_dirs = dict(kv.split("=", 1) for kv in (a.drafter or []))
-    stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
-    first_turns = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": p.turns[0]}],
-                                   st["chat"].get("system_prompt"), st["chat"].get("enable_thinking"))
-                   for p in prompts]
-    methods = build_methods(target, st["methods"], drafter_dirs, stops,
-                            cpu_packed_linear=b.get("cpu_packed_linear", False),
-                            context_tokens=typical_context_tokens([len(x) for x in first_turns], max_new))
-    if a.repeat is None:  # one process for all repeats: resume, never redo or delete a finished repeat
-        done = [k for k in todo if repeat_complete(out / f"r{k}", [m.key for m in methods])]
-        if done:
-            print(f"dscout bench {a.benchmark}: repeats {done} are complete in {out}: kept", file=sys.stderr)
-        todo = [k for k in todo if k not in done]
-    # identical first-turn prefills are computed once across the methods (and the repeats of this process), kept
-    # on host memory within the byte cap
-    prefills = PrefillStore(int(a.prefill_store_gb * 2**30))
-    for i, repeat in enumerate(todo):
-        rdir = out / f"r{repeat}"
-        if rdir.is_dir():  # this job's own folder: a half-written earlier attempt, or records of other methods
-            import shutil
-
-            shutil.rmtree(rdir)
-        rdir.mkdir(parents=True)
-        for m in methods:  # the online controller's latency model, calibrated at start-up, is saved with the run
-            if m.engine.controller is not None:
-                m.engine.controller.latency.to_json(rdir / f"latency-{m.key}.json")
-        records = run_benchmark(target, methods, prompts, benchmark=a.benchmark, max_new_tokens=max_new,
-                                temperature=a.temperature, repeat=repeat, chat=st["chat"],
-                                near_tie_epsilon=st["near_tie_epsilon"], score_outputs=b.get("score", True),
-                                execute_code=b.get("confirm_run_unsafe_code", False),
-                                warmup=i == 0, prefill_store=prefills)
-        write_resolved(rdir / "config.resolved.json", st)
-        for m in methods:  # written once the whole repeat has run (each file atomically)
-            write_records(records[m.key], rdir / f"{m.key}.jsonl")
-    if a.repeat is None:  # the per-repeat jobs of one folder each keep theirs in r<k>/ (no shared file to race on)
-        write_resolved(out / "config.resolved.json", st)
+    run_bench_job(json.loads(a.stage), target_dir=a.target, benchmark=a.benchmark, temperature=a.temperature,
+                  repeats=a.repeats, repeat=a.repeat, out_dir=a.out_dir, root=data_root(a.data_root),
+                  drafter_dirs=dict(kv.split("=", 1) for kv in (a.drafter or [])),
+                  prefill_store_gb=a.prefill_store_gb)
 
 
 def cmd_accuracy(a):
@@ -236,19 +176,13 @@ def cmd_table3(a):
 
 
 def _depth_search_inputs(a):
-    """The depth search's stage, target, benchmark prompts (first turns, chat-templated) and stop ids."""
-    from dscout.data.benchmarks import load_benchmark
+    """The depth search's stage, target, prompts and stop ids (:func:`dscout.experiments.depth_search.depth_search_inputs`)."""
     from dscout.data.paths import data_root
+    from dscout.experiments.depth_search import depth_search_inputs
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
-    target = load_target(a.target)
-    chat = st["chat"]
-    items = [it for name in st["benchmarks"]
-             for it in load_benchmark(name, data_root(a.data_root), st["num_prompts"], seed=st["seed"])]
-    prompts = first_turn_ids(target.tokenizer, items, chat)
-    stops = stop_token_ids(target, chat.get("stop_tokens") or [])
-    return st, target, prompts, stops
+    return (st, *depth_search_inputs(st, a.target, data_root(a.data_root)))
 
 
 def cmd_depth_search(a):
@@ -316,39 +250,13 @@ def cmd_serve_cpu(a):
 
 
 def cmd_serve_vllm(a):
-    """Table 4's vLLM rows for one repeat (:mod:`dscout.evaluation.vllm_serving`): the DFlash drafter exported in
-    vLLM's layout next to the output, vLLM's env built or reused, then every server at every level."""
-    from dscout.config import write_resolved
+    """Table 4's vLLM rows for one repeat (:func:`dscout.evaluation.vllm_serving.run_vllm_serving_job`)."""
     from dscout.data.paths import data_root
-    from dscout.evaluation.server_bench import vllm_interpreter
-    from dscout.evaluation.serving import serving_pool
-    from dscout.evaluation.vllm_serving import vllm_serving_records
-    from dscout.models.export import drafter_for_target, export_vllm_dflash
-    from dscout.models.target import server_model_path
-    from dscout.records import write_records
+    from dscout.evaluation.vllm_serving import run_vllm_serving_job
 
-    st = json.loads(a.stage)
     _set_threads(a.threads)
-    target = load_target(a.target)
-    # round robin over benchmarks, as serve-cpu; one warm-up request from beyond the measured pool
-    pool, spare = serving_pool(st["benchmarks"], data_root(a.data_root), st["pool_size"], 1, st["seed"])
-    if not spare:
-        raise SystemExit(f"dscout serve-vllm (repeat {a.repeat}): the benchmarks {st['benchmarks']} hold "
-                         f"{len(pool)} prompts, {st['pool_size']} measured + 1 warm-up needed")
-    prompts = first_turn_ids(target.tokenizer, pool, st["chat"])
-    warmup = first_turn_ids(target.tokenizer, spare[:1], st["chat"])[0]
-    ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
-    stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
-    out = Path(a.out)
-    export = out.parent / f"r{a.repeat}.vllm-dflash"  # vLLM's layout of the DFlash drafter (reduced vocabulary too)
-    export_vllm_dflash(drafter_for_target(a.drafter, target), export, dtype=target.dtype)
-    python = vllm_interpreter(a.vllm_python, a.vllm_env)
-    model = server_model_path(a.target)  # what a server loads: the materialised folder, or the hub id
-    model = str(Path(model).resolve()) if Path(model).exists() else model
-    records = vllm_serving_records(python, model, str(export.resolve()), st, prompts, ids, warmup,
-                                   st["concurrency"], a.repeat, stops, out.parent / f"r{a.repeat}.logs")
-    write_records(records, a.out)
-    write_resolved(out.with_suffix(".resolved.json"), st)
+    run_vllm_serving_job(json.loads(a.stage), target_dir=a.target, drafter_dir=a.drafter, repeat=a.repeat,
+                         out=a.out, root=data_root(a.data_root), vllm_python=a.vllm_python, vllm_env=a.vllm_env)
 
 
 def cmd_bench_server(a):
@@ -406,62 +314,26 @@ def cmd_findings_outputs(a):
     write_resolved(Path(a.out).parent / "config.resolved.json", st)
 
 
-def _findings_items(st: dict, responses: str, responses_stage: str, bench_outputs: str) -> list[dict]:
-    """The findings stage's evaluated sequences: the held-out responses, then the benchmark prompts' AR outputs."""
-    from dscout.data.responses import training_sequences
-    from dscout.jsonl import read_jsonl
-    from dscout.training.holdout import holdout_split
-
-    seqs = _sequences(responses, json.loads(responses_stage))
-    _, held = holdout_split(len(seqs), st["holdout"])
-    items = [{"set": "heldout", "source": seqs[i]["id"].rsplit("-", 1)[0], **seqs[i]} for i in held]
-    bench_rows = {r["id"]: r for r in read_jsonl(bench_outputs)}
-    for s in training_sequences(list(bench_rows.values()), max_length=1 << 30, min_response_tokens=2):
-        items.append({"set": "bench", "source": bench_rows[s["id"]]["source"], **s})
-    return items
-
-
 def cmd_findings_taps(a):
     """The target's taps of every sequence the findings drafters are read on, once for all of them."""
-    from dscout.experiments.findings import write_sequence_taps
+    from dscout.experiments.findings import findings_items, write_sequence_taps
 
     st = json.loads(a.stage)
     _set_threads(a.threads)
     target = load_target(a.target)
-    items = _findings_items(st, a.responses, a.responses_stage, a.bench_outputs)
+    items = findings_items(st, a.responses, json.loads(a.responses_stage), a.bench_outputs)
     write_sequence_taps(target, items, json.loads(a.layer_ids), a.out)
 
 
 def cmd_findings_eval(a):
-    """Teacher-forced accept lengths of one findings drafter (held-out responses + benchmark outputs) and the
-    live-decoding check; writes the records JSONL last (a partial file beside it resumes a killed job)."""
-    from dscout.experiments.findings import decode_check, evaluate_drafter, load_sequence_taps
-    from dscout.jsonl import read_jsonl
-    from dscout.models.export import drafter_for_target
+    """Teacher-forced accept lengths of one findings drafter and the live-decoding check
+    (:func:`dscout.experiments.findings.run_findings_eval_job`)."""
+    from dscout.experiments.findings import run_findings_eval_job
 
-    st = json.loads(a.stage)
     _set_threads(a.threads)
-    plan = st["drafters"][a.name]
-    target = load_target(a.target)
-    items = _findings_items(st, a.responses, a.responses_stage, a.bench_outputs)
-    drafter = drafter_for_target(a.drafter, target)
-    summary = json.loads((Path(a.drafter) / "training_summary.json").read_text())
-    out = Path(a.out)
-    partial = out.with_suffix(".partial.jsonl")
-    meta = {"drafter": a.name, "recipe": plan["recipe"], "drafter_id": plan["id"]}
-    taps = load_sequence_taps(a.taps, list(drafter.config.target_layer_ids)) if a.taps else None
-    evaluate_drafter(target, drafter, items, plan["block_sizes"], partial, meta=meta, taps=taps)
-    checks = []
-    stops = stop_token_ids(target, st["chat"]["stop_tokens"] or [])
-    for s in items[: st["decode_check_prompts"]]:
-        prompt = s["input_ids"][: len(s["input_ids"]) - sum(s["loss_mask"])]
-        checks.append({**meta, "set": "decode_check", "id": s["id"],
-                       **decode_check(target, drafter, prompt, max(plan["block_sizes"]), 64, stops)})
-    rows = list(read_jsonl(partial)) + checks
-    rows.append({**meta, "set": "training", "steps": summary["steps"], "train_seconds": summary["train_seconds"],
-                 "num_sequences": summary["num_sequences"]})
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    partial.unlink()
+    run_findings_eval_job(json.loads(a.stage), a.name, target_dir=a.target, drafter_dir=a.drafter,
+                          responses=a.responses, responses_stage=json.loads(a.responses_stage),
+                          bench_outputs=a.bench_outputs, out=a.out, taps=a.taps)
 
 
 def cmd_findings(a):

@@ -228,3 +228,77 @@ def repeat_complete(repeat_dir: str | os.PathLike, method_keys: list[str]) -> bo
         except (OSError, ValueError):
             return False
     return True
+
+
+def run_bench_job(stage: dict, *, target_dir: str, benchmark: str, temperature: float, repeats: int,
+                  repeat: int | None, out_dir: str | os.PathLike, root, drafter_dirs: dict[str, str],
+                  prefill_store_gb: float = 2.0) -> None:
+    """One ``benchmark`` job: AR and every method of ``stage`` side by side on one benchmark at one temperature,
+    for one repeat (``repeat``) or every repeat not yet complete (``repeat`` None), each repeat's records in
+    ``<out_dir>/r<k>/<method key>.jsonl`` with ``config.resolved.json`` (and each online controller's latency
+    model, ``latency-<key>.json``) beside them.
+
+    Folders ``r<k>`` with ``k >= repeats`` are removed first (:func:`clear_repeat_dirs`); a repeat's own folder is
+    rewritten whole; with ``repeat`` None, complete repeats (:func:`repeat_complete`) are kept, never redone.
+
+    Args:
+        stage: a bench stage (:func:`dscout.config.bench_stage`, ``sampled_bench_stage``, ``study_stage``), cut
+            here to ``benchmark`` (:func:`dscout.config.benchmark_slice`).
+        target_dir: the prepared target (``target.json``).
+        temperature: sampling temperature (0: greedy).
+        repeats: the configured repeat count (folders ``r0 .. r<repeats - 1>``).
+        root: the data root (:func:`dscout.data.paths.data_root`).
+        drafter_dirs: drafter name -> its trained folder.
+        prefill_store_gb: host-memory cap (GiB) of the first-turn prefills shared across methods and repeats.
+    """
+    import shutil
+    import sys
+
+    from ..config import benchmark_slice, write_resolved
+    from ..data.benchmarks import stage_prompts
+    from ..models.target import load_prepared_target, stop_token_ids
+    from ..records import write_records
+    from .methods import build_methods, typical_context_tokens
+    from .prefill_store import PrefillStore
+
+    st = benchmark_slice(stage, benchmark)  # the job's own benchmark (a no-op on a sliced stage)
+    b = st["benchmarks"]
+    todo = [repeat] if repeat is not None else list(range(repeats))
+    out = Path(out_dir)
+    clear_repeat_dirs(out, repeats)  # folders beyond the configured repeats only
+    target = load_prepared_target(target_dir)
+    max_new = b["max_new_tokens"]
+    prompts = stage_prompts(b, benchmark, root)
+    stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
+    first_turns = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": p.turns[0]}],
+                                   st["chat"].get("system_prompt"), st["chat"].get("enable_thinking"))
+                   for p in prompts]
+    methods = build_methods(target, st["methods"], drafter_dirs, stops,
+                            cpu_packed_linear=b.get("cpu_packed_linear", False),
+                            context_tokens=typical_context_tokens([len(x) for x in first_turns], max_new))
+    if repeat is None:  # one process for all repeats: resume, never redo or delete a finished repeat
+        done = [k for k in todo if repeat_complete(out / f"r{k}", [m.key for m in methods])]
+        if done:
+            print(f"dscout bench {benchmark}: repeats {done} are complete in {out}: kept", file=sys.stderr)
+        todo = [k for k in todo if k not in done]
+    # identical first-turn prefills are computed once across the methods (and the repeats of this process), kept
+    # on host memory within the byte cap
+    prefills = PrefillStore(int(prefill_store_gb * 2**30))
+    for i, k in enumerate(todo):
+        rdir = out / f"r{k}"
+        if rdir.is_dir():  # this job's own folder: a half-written earlier attempt, or records of other methods
+            shutil.rmtree(rdir)
+        rdir.mkdir(parents=True)
+        for m in methods:  # the online controller's latency model, calibrated at start-up, is saved with the run
+            if m.engine.controller is not None:
+                m.engine.controller.latency.to_json(rdir / f"latency-{m.key}.json")
+        records = run_benchmark(target, methods, prompts, benchmark=benchmark, max_new_tokens=max_new,
+                                temperature=temperature, repeat=k, chat=st["chat"],
+                                near_tie_epsilon=st["near_tie_epsilon"], score_outputs=b.get("score", True),
+                                execute_code=b.get("confirm_run_unsafe_code", False),
+                                warmup=i == 0, prefill_store=prefills)
+        write_resolved(rdir / "config.resolved.json", st)
+        for m in methods:  # written once the whole repeat has run (each file atomically)
+            write_records(records[m.key], rdir / f"{m.key}.jsonl")
+    if repeat is None:  # the per-repeat jobs of one folder each keep theirs in r<k>/ (no shared file to race on)
+        write_resolved(out / "config.resolved.json", st)

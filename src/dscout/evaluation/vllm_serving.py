@@ -86,3 +86,53 @@ def vllm_serving_records(python: str, target_dir: str, drafter_dir: str | None, 
                                server_port=srv.port)
                     records.append(rec)
     return records
+
+
+def run_vllm_serving_job(stage: dict, *, target_dir: str, drafter_dir: str, repeat: int, out: str, root,
+                         vllm_python: str | None = None, vllm_env: str = ".venv-vllm") -> list[dict]:
+    """One ``serving_vllm`` job: Table 4's vLLM rows for one repeat at every concurrency level of ``stage``, the
+    DFlash drafter exported in vLLM's layout next to ``out`` (``r<repeat>.vllm-dflash``), vLLM's env built or
+    reused (:func:`dscout.evaluation.server_bench.vllm_interpreter`), then every server at every level
+    (:func:`vllm_serving_records`); ``out`` (JSONL) and ``<out>.resolved.json`` written.
+
+    Args:
+        stage: :func:`dscout.config.vllm_serving_stage`.
+        target_dir: the prepared target (``target.json``).
+        drafter_dir: the trained DFlash drafter's folder.
+        root: the data root.
+        vllm_python: an interpreter that has vLLM; None = the CPU venv ``vllm_env``.
+    Returns:
+        the records written.
+    Raises:
+        SystemExit: the benchmarks hold no prompt beyond the measured pool (the warm-up request).
+    """
+    from ..config import write_resolved
+    from ..data.prompts import first_turn_ids
+    from ..models.export import drafter_for_target, export_vllm_dflash
+    from ..models.target import load_prepared_target, server_model_path, stop_token_ids
+    from ..records import write_records
+    from .server_bench import vllm_interpreter
+    from .serving import serving_pool
+
+    st = stage
+    target = load_prepared_target(target_dir)
+    # round robin over benchmarks, as serve-cpu; one warm-up request from beyond the measured pool
+    pool, spare = serving_pool(st["benchmarks"], root, st["pool_size"], 1, st["seed"])
+    if not spare:
+        raise SystemExit(f"dscout serve-vllm (repeat {repeat}): the benchmarks {st['benchmarks']} hold "
+                         f"{len(pool)} prompts, {st['pool_size']} measured + 1 warm-up needed")
+    prompts = first_turn_ids(target.tokenizer, pool, st["chat"])
+    warmup = first_turn_ids(target.tokenizer, spare[:1], st["chat"])[0]
+    ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
+    stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
+    out = Path(out)
+    export = out.parent / f"r{repeat}.vllm-dflash"  # vLLM's layout of the DFlash drafter (reduced vocabulary too)
+    export_vllm_dflash(drafter_for_target(drafter_dir, target), export, dtype=target.dtype)
+    python = vllm_interpreter(vllm_python, vllm_env)
+    model = server_model_path(target_dir)  # what a server loads: the materialised folder, or the hub id
+    model = str(Path(model).resolve()) if Path(model).exists() else model
+    records = vllm_serving_records(python, model, str(export.resolve()), st, prompts, ids, warmup,
+                                   st["concurrency"], repeat, stops, out.parent / f"r{repeat}.logs")
+    write_records(records, out)
+    write_resolved(out.with_suffix(".resolved.json"), st)
+    return records

@@ -331,3 +331,23 @@ def assemble_depth_search(target, stage: dict, prompts: list[list[int]], stop_id
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=1))
     return result
+
+
+def depth_search_inputs(stage: dict, target_dir: str, root) -> tuple:
+    """What every depth-search job decodes with: the prepared target, the first turns of ``stage["num_prompts"]``
+    prompts of each of ``stage["benchmarks"]`` (chat-templated with ``stage["chat"]``) and the stop token ids.
+
+    Returns:
+        ``(target, prompts, stop_ids)``: prompts as ``list[list[int]]``.
+    """
+    from ..data.benchmarks import load_benchmark
+    from ..data.prompts import first_turn_ids
+    from ..models.target import load_prepared_target, stop_token_ids
+
+    target = load_prepared_target(target_dir)
+    chat = stage["chat"]
+    items = [it for name in stage["benchmarks"]
+             for it in load_benchmark(name, root, stage["num_prompts"], seed=stage["seed"])]
+    prompts = first_turn_ids(target.tokenizer, items, chat)
+    stops = stop_token_ids(target, chat.get("stop_tokens") or [])
+    return target, prompts, stops

@@ -238,3 +238,75 @@ def load_sequence_taps(path: str | os.PathLike, layer_ids: list[int]) -> dict[st
     if stored != list(layer_ids):
         raise ValueError(f"{path}: taps of target layers {stored}, the drafter reads layers {list(layer_ids)}")
     return load_file(str(path))
+
+
+def findings_items(stage: dict, responses: str | os.PathLike, responses_stage: dict,
+                   bench_outputs: str | os.PathLike) -> list[dict]:
+    """The findings stage's evaluated sequences: the held-out responses (``stage["holdout"]``,
+    :func:`dscout.training.holdout.holdout_split`), then the benchmark prompts' AR outputs.
+
+    Args:
+        stage: :func:`dscout.config.findings_stage`.
+        responses: the regenerated responses (JSONL; its packed copy is memory-mapped).
+        responses_stage: their training slice (``max_length``, ``min_response_tokens``: the ``--responses-stage``
+            of the rules).
+        bench_outputs: the ``findings-outputs`` job's JSONL.
+    Returns:
+        dicts with ``set`` (``heldout`` / ``bench``), ``source``, ``id``, ``input_ids``, ``loss_mask``.
+    """
+    from ..data.packed import load_training_sequences
+    from ..data.responses import training_sequences
+    from ..jsonl import read_jsonl
+    from ..training.holdout import holdout_split
+
+    r = responses_stage
+    seqs = load_training_sequences(responses, max_length=r["max_length"], min_response_tokens=r["min_response_tokens"])
+    _, held = holdout_split(len(seqs), stage["holdout"])
+    items = [{"set": "heldout", "source": seqs[i]["id"].rsplit("-", 1)[0], **seqs[i]} for i in held]
+    bench_rows = {row["id"]: row for row in read_jsonl(bench_outputs)}
+    for s in training_sequences(list(bench_rows.values()), max_length=1 << 30, min_response_tokens=2):
+        items.append({"set": "bench", "source": bench_rows[s["id"]]["source"], **s})
+    return items
+
+
+def run_findings_eval_job(stage: dict, name: str, *, target_dir: str, drafter_dir: str, responses: str,
+                          responses_stage: dict, bench_outputs: str, out: str | os.PathLike,
+                          taps: str | None = None) -> None:
+    """One ``findings_eval`` job: teacher-forced accept lengths of findings drafter ``name`` on
+    :func:`findings_items` (:func:`evaluate_drafter`), the live-decoding check on the first
+    ``stage["decode_check_prompts"]`` of them (:func:`decode_check`, 64 new tokens at the largest bs) and one
+    ``training`` row from its ``training_summary.json``; ``out`` (JSONL) is written last, and a partial file beside
+    it (``.partial.jsonl``) resumes a killed job.
+
+    Args:
+        stage: :func:`dscout.config.findings_stage`; ``name`` a key of its ``drafters``.
+        target_dir: the prepared target (``target.json``).
+        drafter_dir: the trained drafter's folder.
+        taps: the stage's evaluation taps (:func:`write_sequence_taps`); None = computed here.
+    """
+    from ..jsonl import read_jsonl
+    from ..models.export import drafter_for_target
+    from ..models.target import load_prepared_target, stop_token_ids
+
+    st = stage
+    plan = st["drafters"][name]
+    target = load_prepared_target(target_dir)
+    items = findings_items(st, responses, responses_stage, bench_outputs)
+    drafter = drafter_for_target(drafter_dir, target)
+    summary = json.loads((Path(drafter_dir) / "training_summary.json").read_text())
+    out = Path(out)
+    partial = out.with_suffix(".partial.jsonl")
+    meta = {"drafter": name, "recipe": plan["recipe"], "drafter_id": plan["id"]}
+    taps = load_sequence_taps(taps, list(drafter.config.target_layer_ids)) if taps else None
+    evaluate_drafter(target, drafter, items, plan["block_sizes"], partial, meta=meta, taps=taps)
+    checks = []
+    stops = stop_token_ids(target, st["chat"]["stop_tokens"] or [])
+    for s in items[: st["decode_check_prompts"]]:
+        prompt = s["input_ids"][: len(s["input_ids"]) - sum(s["loss_mask"])]
+        checks.append({**meta, "set": "decode_check", "id": s["id"],
+                       **decode_check(target, drafter, prompt, max(plan["block_sizes"]), 64, stops)})
+    rows = list(read_jsonl(partial)) + checks
+    rows.append({**meta, "set": "training", "steps": summary["steps"], "train_seconds": summary["train_seconds"],
+                 "num_sequences": summary["num_sequences"]})
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    partial.unlink()
