@@ -194,7 +194,7 @@ def clear_repeat_dirs(out_dir: str | os.PathLike, repeats: int | None = None) ->
     """Remove the per-repeat record folders ``r<k>/`` with ``k >= repeats`` that a previous run left in ``out_dir``.
 
     Snakemake deletes only the files a job declares: after a rerun with fewer repeats, an earlier run's ``r7/``
-    would stay beside the new records, and anything reading the folder (the reports in ``benchmarks/``, a user's
+    would stay beside the new records, and anything reading the folder (a benchmark script's report, a user's
     glob) would mix two runs. The folders of the configured repeats (``k < repeats``) are other jobs' outputs (one
     job per repeat): never touched here, so a finished repeat survives any rerun (issue 47).
 
