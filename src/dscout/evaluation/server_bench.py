@@ -171,8 +171,8 @@ def run_server_bench_job(stage: dict, *, target_dir: str, drafters: dict[str, st
         stage: :func:`dscout.config.server_slice` of the bench stage.
         target_dir: the prepared target (``target.json``): servers load its ``load_from``.
         drafters: drafter name (``methods[].drafter``) -> its trained folder. vLLM gets each exported in its layout
-            beside ``out`` (:func:`dscout.models.export.export_vllm_dflash`); SGLang the folder, or a published
-            drafter's hub id (``checkpoint``).
+            beside ``out`` (:func:`dscout.backends.vllm.export_drafter`: DFlash / DScout, EAGLE-3); SGLang the
+            folder, or a published drafter's hub id (``checkpoint``).
         launch: ``(command, log file, env) -> Popen`` for the servers (tests start a stub); default Popen.
     Raises:
         ServerError: a server that does not start, is not the method's, or fails a request (job, port and log named);
@@ -210,17 +210,16 @@ def run_server_bench_job(stage: dict, *, target_dir: str, drafters: dict[str, st
     todo = [m for m in methods if m["key"] not in done]
     job = f"Table 3 on {runtime}, T={temperature:g}, repeat {repeat}"
     if runtime == "vllm":
-        from ..backends.vllm import VllmServer
-        from ..models.export import drafter_for_target, export_vllm_dflash
+        from ..backends.vllm import VllmServer, export_drafter
 
         target = load_prepared_target(target_dir)
         tokenizer = target.tokenizer
         exports = {}
         for m in todo:
             name = m.get("drafter")
-            if name and name not in exports:  # vLLM's layout of the drafter (a reduced vocabulary too)
+            if name and name not in exports:  # vLLM's layout of the drafter (DFlash, a reduced vocabulary too; EAGLE-3)
                 exports[name] = (out.parent / f"{out.stem}.vllm-{name}").resolve()
-                export_vllm_dflash(drafter_for_target(drafters[name], target), exports[name], dtype=target.dtype)
+                export_drafter(m["kind"], drafters[name], target, exports[name])
         python = vllm_interpreter(vllm_python, vllm_env) if todo else None
         srv = stage["server"]
 

@@ -29,6 +29,9 @@ reduced draft vocabulary, an ``fc`` bias, a tap of the target's last layer, a ta
 in our own layout instead: ``architectures: ["DScoutDrafter"]`` and the weights in ``dscout_drafter.safetensors``,
 which z-lab's loader (no ``model.safetensors``), SGLang and vLLM (unknown architecture) all refuse, so no runtime
 loads such a folder and drafts differently.
+
+Our EAGLE-3 drafters have vLLM's EAGLE-3 layout as their serving format (:func:`export_vllm_eagle3`, checked by
+:func:`check_vllm_eagle3_checkpoint`): vLLM drafts them as a chain, our engine's EAGLE-3 at ``topk = 1``.
 """
 
 from __future__ import annotations
@@ -381,3 +384,204 @@ def drafter_for_target(path: str | os.PathLike, target, packed: bool = False) ->
 
         pack_linears(drafter)
     return drafter
+
+
+# ---------------------------------------------------------------------------------------------- EAGLE-3 for vLLM
+VLLM_EAGLE3_FORMAT = "vllm-eagle3"
+"""``dscout.format`` of an EAGLE-3 drafter exported for vLLM (:func:`export_vllm_eagle3`)."""
+VLLM_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+"""``architectures[0]`` vLLM maps to ``Eagle3LlamaForCausalLM`` (``vllm/model_executor/models/registry.py``)."""
+
+
+def vllm_eagle3_layer_ids(target_layer_ids) -> tuple[list[int], list[list[int]]]:
+    """Our EAGLE-3 taps as vLLM's ``eagle_aux_hidden_state_layer_ids`` and which of our taps each one carries.
+
+    vLLM's aux id ``j`` is the residual stream entering decoder layer ``j`` (``j = L``: after the last layer, before
+    the final norm), i.e. our id ``j - 1``; the target captures each id once and concatenates them in increasing
+    order (``EagleModelMixin._set_aux_hidden_state_layers``: ``sorted(set(ids))``).
+
+    Returns:
+        ``(ids, groups)``: vLLM's sorted distinct ids, and for each the positions in ``target_layer_ids`` of our
+        taps it stands for (several when a layer is tapped twice: the default taps of a 4- to 6-layer target).
+    """
+    ours = [int(i) for i in target_layer_ids]
+    ids = sorted(set(ours))
+    return [i + 1 for i in ids], [[p for p, l in enumerate(ours) if l == i] for i in ids]
+
+
+def vllm_eagle3_problems(cfg) -> list[str]:
+    """Why an :class:`~dscout.models.eagle3.Eagle3DrafterConfig` has no checkpoint vLLM's EAGLE-3 drafter
+    (``llama_eagle3.py``) computes as our engine does; empty = it has one.
+
+    * ``hidden_act`` other than ``silu``: vLLM's ``LlamaMLP`` has no other activation;
+    * ``target_hidden_size != hidden_size``: vLLM shares the target's input embedding only when its width is the
+      drafter's, and would otherwise embed with an uninitialised table (ours always reads the target's).
+
+    The rest maps exactly: one ``rms_norm_eps`` for every norm, the target's RoPE (``rope_theta`` /
+    ``rope_scaling``, read as vLLM reads the target's), q/k/v/o biases (``attention_bias``), any taps (the last
+    layer's output included: vLLM captures it before the final norm, as our taps are).
+    """
+    problems = []
+    if cfg.hidden_act != "silu":
+        problems.append(f"hidden_act={cfg.hidden_act!r}: vLLM's EAGLE-3 layer (LlamaMLP) supports silu only")
+    if cfg.target_hidden_size != cfg.hidden_size:
+        problems.append(f"target_hidden_size={cfg.target_hidden_size} differs from hidden_size={cfg.hidden_size}: "
+                        "vLLM would embed tokens with the drafter's own (absent) table, not the target's")
+    return problems
+
+
+def vllm_eagle3_config_dict(cfg, dtype: str = "float32") -> dict:
+    """The ``config.json`` of :func:`export_vllm_eagle3` (keys in its doc)."""
+    rope = dict(cfg.rope_parameters or {})
+    rope_scaling = None if rope.get("rope_type", "default") == "default" else {
+        k: v for k, v in rope.items() if k != "rope_theta"}
+    aux, _ = vllm_eagle3_layer_ids(cfg.target_layer_ids)
+    return {
+        "architectures": [VLLM_EAGLE3_ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": rope.get("rope_theta", 10000.0),
+        "rope_scaling": rope_scaling,
+        "attention_bias": cfg.attention_bias,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": aux,
+        "num_aux_hidden_states": len(aux),
+        "torch_dtype": dtype,
+        "dscout": {"format": VLLM_EAGLE3_FORMAT, "target_layer_ids": list(cfg.target_layer_ids),
+                   "num_target_layers": cfg.num_target_layers},
+    }
+
+
+def export_vllm_eagle3(drafter, out_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
+    """Write an EAGLE-3 drafter in the layout vLLM's ``--speculative-config '{"method": "eagle3", ...}'`` loads
+    (``vllm/model_executor/models/llama_eagle3.py``, config handling in ``vllm/transformers_utils/configs/eagle.py``
+    and the target's tap capture in ``vllm/model_executor/models/interfaces.py``, vLLM 0.32.0).
+
+    ``config.json``: ``architectures: ["LlamaForCausalLMEagle3"]``, ``model_type: llama`` and the layer shape
+    (``hidden_size`` H, ``intermediate_size``, heads, ``head_dim``, ``rms_norm_eps``, ``rope_theta`` /
+    ``rope_scaling``, ``attention_bias``, ``num_hidden_layers: 1``), ``vocab_size`` V (the target's),
+    ``draft_vocab_size`` V_d, ``target_hidden_size``, and the taps as vLLM's ``eagle_aux_hidden_state_layer_ids``
+    (our id + 1: vLLM's id j is the residual stream entering layer j, :func:`vllm_eagle3_layer_ids`) with
+    ``num_aux_hidden_states``; ``dscout`` keeps our ids. ``model.safetensors`` (names as upstream EAGLE-3
+    checkpoints: vLLM renames ``midlayer.`` to ``layers.0.``):
+
+    * ``fc.weight`` ``[H, n * H_t]`` with ``n`` the distinct tapped layers, column blocks in increasing layer order
+      (vLLM concatenates the captured states in that order). Our ``fc`` reads the taps in ``target_layer_ids``'
+      order and may read a layer twice (the default taps of a 4- to 6-layer target, e.g. ``[1, 1, 0]``): its blocks
+      are permuted, and a twice-read layer's blocks summed (``W_a h + W_b h = (W_a + W_b) h``: the same map up to
+      rounding; vLLM captures a layer once);
+    * ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`` ``[H]``,
+      ``midlayer.self_attn.{q,k,v}_proj.weight`` ``[heads * head_dim, 2H]``, ``o_proj`` ``[H, heads * head_dim]``,
+      ``midlayer.mlp.{gate,up}_proj.weight`` ``[I, H]``, ``down_proj`` ``[H, I]`` (biases when ``attention_bias``);
+    * ``norm.weight`` ``[H]``, ``lm_head.weight`` ``[V_d, H]`` (the drafter's own head);
+    * ``d2t`` ``[V_d]`` int64 (target id = ``i + d2t[i]``) and ``t2d`` ``[V]`` bool (vLLM skips it), only when
+      ``V_d < V`` (vLLM has no map parameter for a full draft vocabulary, where ours is the identity).
+
+    No ``embed_tokens``: vLLM then shares the target's embedding, as ours does. vLLM drafts a chain of
+    ``num_speculative_tokens`` greedy (top-1) drafts, each step fed the previous step's pre-norm output: our
+    :class:`~dscout.decoding.eagle3_proposer.Eagle3Proposer` at ``topk = 1``. A tree (``topk > 1``) has no vLLM
+    counterpart; the serving backend refuses it (:func:`dscout.backends.vllm.speculative_config`).
+
+    Args:
+        drafter: an :class:`~dscout.models.eagle3.Eagle3Drafter` or its folder (``save_pretrained``).
+        dtype: stored dtype (float32 by default: the CPU runtime's, for token-exact comparisons).
+    Raises:
+        ValueError: naming every :func:`vllm_eagle3_problems` entry (a checkpoint vLLM would load and draft with
+            differently), or a full draft vocabulary whose map is not the identity.
+    """
+    from .eagle3 import Eagle3Drafter
+
+    if not isinstance(drafter, Eagle3Drafter):
+        from .strict import load_strict
+
+        drafter = load_strict(Eagle3Drafter, drafter, "EAGLE-3 drafter")
+    cfg = drafter.config
+    problems = vllm_eagle3_problems(cfg)
+    if problems:
+        raise ValueError("this EAGLE-3 drafter has no vLLM EAGLE-3 checkpoint (vLLM would load it and draft "
+                         "differently): " + "; ".join(problems))
+    sd = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
+    Vd, V, Ht = cfg.draft_vocab_size, cfg.vocab_size, cfg.target_hidden_size
+    _, groups = vllm_eagle3_layer_ids(cfg.target_layer_ids)
+    fc = sd["fc.weight"].double()
+    blocks = [sum(fc[:, p * Ht:(p + 1) * Ht] for p in g) for g in groups]
+    state = {"fc.weight": torch.cat(blocks, dim=1)}
+    for n, t in sd.items():
+        if n.startswith("midlayer.") or n in ("norm.weight", "lm_head.weight"):
+            state[n] = t
+    if Vd < V:
+        state["d2t"], state["t2d"] = sd["d2t"].long(), sd["t2d"].bool()
+    elif sd["d2t"].any():
+        raise ValueError("a full draft vocabulary with a non-identity d2t map: vLLM reads no map for it")
+    state = {n: (t.to(dtype) if t.is_floating_point() else t).contiguous() for n, t in state.items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.safetensors"):
+        stale.unlink()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = vllm_eagle3_config_dict(cfg, str(dtype).replace("torch.", ""))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def check_vllm_eagle3_checkpoint(path: str | os.PathLike) -> list[str]:
+    """Problems vLLM's EAGLE-3 loader would hit, or silently ignore, with the folder at ``path``; empty = loadable.
+
+    vLLM loads an EAGLE-3 folder whose tensors are missing without a word (the drafter then drafts from its
+    initialisation) and falls back to the target's default taps when the config names none, so the serving backend
+    checks before it launches a server: the architecture, the taps, every tensor of :func:`export_vllm_eagle3` and
+    its shape.
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return [f"no config.json in {path}"]
+    c = json.loads((path / "config.json").read_text())
+    problems = []
+    if (c.get("architectures") or [None])[0] != VLLM_EAGLE3_ARCHITECTURE:
+        problems.append(f"architectures[0] must be '{VLLM_EAGLE3_ARCHITECTURE}'")
+    for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "vocab_size", "draft_vocab_size", "rms_norm_eps", "eagle_aux_hidden_state_layer_ids"):
+        if k not in c:
+            problems.append(f"config.json lacks '{k}' (vLLM would fall back to a default)")
+    if problems:
+        return problems
+    if c.get("hidden_act", "silu") != "silu":
+        problems.append("hidden_act must be silu")
+    aux = c["eagle_aux_hidden_state_layer_ids"]
+    if list(aux) != sorted(set(aux)):
+        problems.append(f"eagle_aux_hidden_state_layer_ids {aux} must be increasing (vLLM concatenates the captured "
+                        "states in increasing layer order, each once)")
+    H, I, Vd, V = c["hidden_size"], c["intermediate_size"], c["draft_vocab_size"], c["vocab_size"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    want = {"fc.weight": (H, len(aux) * c.get("target_hidden_size", H)), "norm.weight": (H,),
+            "lm_head.weight": (Vd, H), "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
+            "midlayer.post_attention_layernorm.weight": (H,), "midlayer.self_attn.q_proj.weight": (q, 2 * H),
+            "midlayer.self_attn.k_proj.weight": (kv, 2 * H), "midlayer.self_attn.v_proj.weight": (kv, 2 * H),
+            "midlayer.self_attn.o_proj.weight": (H, q), "midlayer.mlp.gate_proj.weight": (I, H),
+            "midlayer.mlp.up_proj.weight": (I, H), "midlayer.mlp.down_proj.weight": (H, I)}
+    if Vd < V:
+        want["d2t"] = (Vd,)
+    shapes = {}
+    for f in path.glob("*.safetensors"):
+        with safe_open(str(f), framework="pt") as h:
+            for n in h.keys():
+                key = n[len("model."):] if n.startswith("model.") else n
+                shapes[key.replace("layers.0.", "midlayer.")] = tuple(h.get_slice(n).get_shape())
+    for n, s in want.items():
+        if n not in shapes:
+            problems.append(f"missing tensor {n}")
+        elif shapes[n] != s:
+            problems.append(f"{n} has shape {shapes[n]}, vLLM expects {s}")
+    return problems
