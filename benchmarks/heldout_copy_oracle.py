@@ -4,7 +4,7 @@ For every response anchor: the longest prefix (at most 15 tokens) of what follow
 occurrence of the anchor's last 2 tokens in the context (prompt + response so far); τ(16) = 1 + its mean over the
 anchors (the every-anchor mean of docs/findings.md). Also the share of response 4-grams seen earlier. Compares the
 drafter-efficiency study's held-out rows (the last of the responses file) with the findings stage's seeded draw
-(reports/drafter_efficiency/README.md).
+(reports/drafter_efficiency/findings.md).
 
     python benchmarks/heldout_copy_oracle.py results/responses/<id>/responses.jsonl
 """
