@@ -69,11 +69,22 @@ def expected_tensor_names(num_layers: int) -> list[str]:
     return TOP_TENSORS + [f"layers.{i}.{n}" for i in range(num_layers) for n in LAYER_TENSORS]
 
 
-def dflash_config_dict(cfg: DFlashDrafterConfig, dtype: str = "bfloat16") -> dict:
-    """Our config in the DFlash/SGLang layout (keys listed in the module doc)."""
+def decoder_shape_fields(cfg) -> dict:
+    """The HF ``config.json`` keys of a drafter's decoder layers that every exported layout shares: sizes, heads,
+    activation, norm epsilon, context length, RoPE (``rope_theta`` and ``rope_scaling``, transformers 4 layout) and
+    the attention bias. ``cfg``: a :class:`DFlashDrafterConfig` or our EAGLE-3 config (same field names)."""
     rope = dict(cfg.rope_parameters or {})
     rope_scaling = None if rope.get("rope_type", "default") == "default" else {
         k: v for k, v in rope.items() if k != "rope_theta"}
+    return {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim, "hidden_act": cfg.hidden_act, "rms_norm_eps": cfg.rms_norm_eps,
+            "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": rope.get("rope_theta", 10000.0),
+            "rope_scaling": rope_scaling, "attention_bias": cfg.attention_bias}
+
+
+def dflash_config_dict(cfg: DFlashDrafterConfig, dtype: str = "bfloat16") -> dict:
+    """Our config in the DFlash/SGLang layout (keys listed in the module doc)."""
     d = cfg.num_hidden_layers
     return {
         "architectures": ["DFlashDraftModel"],
@@ -83,17 +94,7 @@ def dflash_config_dict(cfg: DFlashDrafterConfig, dtype: str = "bfloat16") -> dic
                           "block_size": cfg.block_size},
         "num_target_layers": cfg.num_target_layers,
         "num_hidden_layers": d,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rope_theta": rope.get("rope_theta", 10000.0),
-        "rope_scaling": rope_scaling,
-        "attention_bias": cfg.attention_bias,
+        **decoder_shape_fields(cfg),
         "attention_dropout": 0.0,
         "vocab_size": cfg.vocab_size,
         "tie_word_embeddings": False,
@@ -432,25 +433,12 @@ def vllm_eagle3_problems(cfg) -> list[str]:
 
 def vllm_eagle3_config_dict(cfg, dtype: str = "float32") -> dict:
     """The ``config.json`` of :func:`export_vllm_eagle3` (keys in its doc)."""
-    rope = dict(cfg.rope_parameters or {})
-    rope_scaling = None if rope.get("rope_type", "default") == "default" else {
-        k: v for k, v in rope.items() if k != "rope_theta"}
     aux, _ = vllm_eagle3_layer_ids(cfg.target_layer_ids)
     return {
         "architectures": [VLLM_EAGLE3_ARCHITECTURE],
         "model_type": "llama",
         "num_hidden_layers": 1,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rope_theta": rope.get("rope_theta", 10000.0),
-        "rope_scaling": rope_scaling,
-        "attention_bias": cfg.attention_bias,
+        **decoder_shape_fields(cfg),
         "mlp_bias": False,
         "tie_word_embeddings": False,
         "vocab_size": cfg.vocab_size,
