@@ -33,7 +33,7 @@ SCALES_WITH = {
     "benchmark_vllm": "serving_seconds_per_token, vllm_startup_seconds",
     "serving_benchmark": "serving_seconds_per_token",
     "serving_vllm": "serving_seconds_per_token, vllm_startup_seconds",
-    "accuracy": "ar_seconds_per_token",
+    "accuracy": "generate_mfu",
 }
 """The constants each rule's estimate is proportional to (``cost.bill``)."""
 

@@ -57,8 +57,13 @@ def test_smoke_bill_matches_hand_computed_numbers():
     gsm = _row(b, "benchmark", "gsm8k")
     assert gsm.jobs == 2 and gsm.wall_seconds == pytest.approx(6 * (0.02 + 7 * 0.015)) == gsm.repeat_seconds
     assert _row(b, "benchmark", "mt_bench").wall_seconds == pytest.approx(1.5)
+    # accuracy: one job per benchmark, 3 prompts of 128 + 0.5*8 tokens, costed as batched generation
+    acc = [r for r in b.rows if r.rule == "accuracy"]
+    assert [r.note for r in acc] == ["gsm8k", "humaneval"]
+    assert acc[0].flops == pytest.approx(2 * 3_293_184 * 3 * 132) and acc[0].resumable == "yes"
+    assert acc[0].wall_seconds == pytest.approx(acc[0].flops / (5e10 * 0.1))
     assert b.gpu_hours == 0 and not cost.problems(b)  # a CPU run: no GPU, no runtime limit
-    assert "| **total** | 21 |" in cost.render(b)  # 1 + 1 + 4 drafters + 3 caches + 6 benchmarks x 2 repeats
+    assert "| **total** | 23 |" in cost.render(b)  # 1 + 1 + 4 drafters + 3 caches + 6 benchmarks x 2 repeats + 2
 
 
 def test_constants_are_overridable_and_unknown_ones_are_errors():

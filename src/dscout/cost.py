@@ -91,7 +91,7 @@ KNOWN_SHAPES = {
 }
 """Model shapes by ``target.source`` (None layers: the source's ``:layers`` suffix, else ``target.num_layers``)."""
 
-RESUMABLE = {"train_drafter", "depth_candidate", "depth_search", "target_features"}
+RESUMABLE = {"train_drafter", "depth_candidate", "depth_search", "target_features", "accuracy"}
 """Rules whose job continues from where a killed attempt stopped (checkpoints, the feature cache's shards,
 the depth search's finished candidates)."""
 RESUMABLE_PER_REPEAT = {"benchmark", "benchmark_sampled", "study_benchmark", "serving_benchmark", "serving_vllm",
@@ -381,6 +381,13 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
                 rep = tok * c["serving_seconds_per_token"] + n * start
                 add(f"benchmark_{backend}", repeats, gpu1, rep, repeat=rep, host=target_bytes,
                     note=f"{backend}: AR + {len(served)} rows, T = {temp:g}")
+    acc = config.get("accuracy") or {}
+    if acc.get("enabled"):  # one job per benchmark: batched greedy AR over num_prompts, costed as generation
+        for name in acc["benchmarks"]:
+            acc_flops = 2.0 * shape.matmul_params * acc["num_prompts"] * (
+                c["prompt_tokens"] + c["bench_fill"] * acc["max_new_tokens"])
+            add("accuracy", 1, gpu1, acc_flops / (peak * c["generate_mfu"]), host=target_bytes, flops=acc_flops,
+                note=name)
     s = config.get("study", {})
     if s.get("enabled"):
         n_methods = len(dcfg.study_drafters(config))
