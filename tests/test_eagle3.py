@@ -6,13 +6,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from dscout.models.common import to_draft_ids, to_target_ids
 from dscout.models.eagle3 import (
     Eagle3Drafter,
     Eagle3DrafterConfig,
     build_vocab_map,
     default_eagle3_layer_ids,
-    draft_to_target,
-    target_to_draft,
 )
 from dscout.training.eagle3_loss import eagle3_ttt_loss, ttt_attention_mask, ttt_unroll
 
@@ -59,10 +58,10 @@ def test_vocab_map_keeps_most_frequent_and_round_trips():
     assert 7 in used.tolist() and 9 in used.tolist()
     assert counts[t2d].min() >= counts[~t2d].max()
     draft = torch.arange(20)
-    assert torch.equal(target_to_draft(draft_to_target(draft, d2t), t2d), draft)
-    assert torch.equal(draft_to_target(target_to_draft(used, t2d), d2t), used)
+    assert torch.equal(to_draft_ids(to_target_ids(draft, d2t), t2d), draft)
+    assert torch.equal(to_target_ids(to_draft_ids(used, t2d), d2t), used)
     dropped = (~t2d).nonzero().flatten()
-    assert torch.all(target_to_draft(dropped, t2d) == -1)
+    assert torch.all(to_draft_ids(dropped, t2d) == -1)
     d2t_full, t2d_full = build_vocab_map(counts, 64)  # V_d == V: identity map
     assert torch.all(d2t_full == 0) and t2d_full.all()
     with pytest.raises(ValueError, match="draft_vocab_size"):

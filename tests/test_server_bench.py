@@ -44,9 +44,11 @@ def test_a_server_row_gets_its_runtime_in_its_key_and_leaves_the_engine_jobs_alo
 
 
 @pytest.mark.parametrize("row, message", [
-    ({**VLLM_ROW, "kind": "eagle3", "drafter": "eagle3", "block_size": 16},
-     r"methods\[\d+\].backend: vllm serves dflash, dscout rows, not 'eagle3'"),
-    ({**VLLM_ROW, "kind": "pard2", "drafter": "pard2"}, r"methods\[\d+\].backend: vllm serves dflash, dscout rows, not 'pard2'"),
+    ({**VLLM_ROW, "kind": "eagle3", "drafter": "eagle3", "block_size": 16, "topk": 4, "depth": 4},
+     r"methods\[\d+\].topk: vLLM drafts EAGLE-3 as a chain \(top-1 per step\), not a tree: set topk: 1 "
+     r"\(DScout\(4\) · vLLM, topk 4"),
+    ({**VLLM_ROW, "kind": "pard2", "drafter": "pard2"},
+     r"methods\[\d+\].backend: vllm serves dflash, dscout, eagle3 rows, not 'pard2'"),
     ({**VLLM_ROW, "block_size": "online"}, r"methods\[\d+\].block_size: a vllm row needs a fixed block size"),
     ({**VLLM_ROW, "backend": "sglang", "kind": "eagle3", "drafter": "eagle3", "block_size": 16},
      r"methods\[\d+\].drafter: SGLang's EAGLE-3 serves a published checkpoint; drafter 'eagle3'"),
@@ -56,6 +58,14 @@ def test_server_rows_a_runtime_cannot_serve_stop_the_plan(row, message):
     cfg = dcfg.deep_merge(base, {"methods": [*base["methods"], row]})
     with pytest.raises(ValueError, match=message):
         dcfg.check_plan(cfg)
+
+
+def test_a_vllm_eagle3_chain_row_plans():
+    """vLLM serves our EAGLE-3 drafters as a chain (tests/test_vllm.py): a topk-1 row passes the plan check."""
+    base = _base()
+    row = {**VLLM_ROW, "name": "EAGLE-3 chain(4) · vLLM", "kind": "eagle3", "drafter": "eagle3", "topk": 1, "depth": 3}
+    assert not dcfg.method_backend_problems(dcfg.validate_config(
+        dcfg.deep_merge(base, {"methods": [*base["methods"], row]})))
 
 
 def _rec(key, method, runtime, decode, repeat=0, bench="gsm8k", n=11):

@@ -125,9 +125,12 @@ def test_vllm_serves_a_full_vocabulary_drafter_and_names_what_fails(full_vocab_r
 
 
 TABLE3_VLLM = """\
-methods:   # the full-vocabulary DScout drafter at bs 4 on our engine and on vLLM, each beside its runtime's AR
+methods:   # the full-vocabulary DScout drafter at bs 4 and the smoke EAGLE-3 drafter's chain of 3 on our engine and on
+           # vLLM, each beside its runtime's AR
   - {name: DScout-fv(4), kind: dscout, drafter: dscout_fv, block_size: 4}
   - {name: DScout-fv(4) · vLLM, kind: dscout, drafter: dscout_fv, block_size: 4, backend: vllm}
+  - {name: EAGLE-3 chain(4), kind: eagle3, drafter: eagle3, block_size: 4, topk: 1, depth: 3}
+  - {name: EAGLE-3 chain(4) · vLLM, kind: eagle3, drafter: eagle3, block_size: 4, topk: 1, depth: 3, backend: vllm}
 benchmarks: {names: [gsm8k, mt_bench], num_prompts: 1, max_new_tokens: 16}
 serving: {vllm: {kv_cache_gb: 1, max_model_len: 1024}}
 repeats: 1
@@ -139,7 +142,8 @@ def test_table3_vllm_rows_run_through_their_rule_beside_vllms_ar(full_vocab_run,
     """Table 3 with a vLLM row, through the workflow (the benchmark_vllm rule's own command): vLLM's AR and the row each
     get a server, every benchmark's prompts one request at a time (MT-Bench's second turn after the method's own first
     answer); the row is paired with vLLM's AR and labelled with its runtime. On the same drafter, prompts and budget,
-    vLLM's outputs equal our engine's AR and every request's accept lengths equal our engine's at the same bs."""
+    vLLM's outputs equal our engine's AR and every request's accept lengths equal our engine's at the same bs (EAGLE-3:
+    the same chain length, topk 1)."""
     import shutil
 
     from dscout import config as dcfg
@@ -158,19 +162,20 @@ def test_table3_vllm_rows_run_through_their_rule_beside_vllms_ar(full_vocab_run,
               .read_text().splitlines()]
     ours = [json.loads(x) for f in sorted((work / "results" / "bench" / bid).rglob("*.jsonl"))
             for x in f.read_text().splitlines()]
-    assert {r["method_key"].split("-")[0] for r in served} == {"vllm"} and len(served) == 2 * 3
+    assert {r["method_key"].split("-")[0] for r in served} == {"vllm"} and len(served) == 3 * 3
     key = lambda r: (r["benchmark"], r["prompt_id"], r["turn"])  # noqa: E731
     ar = {key(r): r["output_ids"] for r in ours if r["method"] == "ar"}
-    engine = {key(r): r for r in ours if r["method"] == "dscout"}
+    engine = {(r["method"], *key(r)): r for r in ours if r["method"] != "ar"}
     assert sorted(ar) == sorted(key(r) for r in served if r["method"] == "ar")  # MT-Bench: both turns
     for r in served:  # (on these benchmark prompts the tiny drafter accepts little: the equality of accept lengths
         # with drafts accepted is the full-vocabulary test's above, on contexts like its training data)
         assert r["output_ids"] == ar[key(r)], f"{r['method_key']} {key(r)}"
-        if r["method"] == "dscout":
+        if r["method"] != "ar":  # DScout at bs 4; EAGLE-3 exported by the job in vLLM's layout, a chain of 3
             assert r["matches_ar"] is True and r["accept_lengths_exact"]
-            assert r["accept_lengths"] == engine[key(r)]["accept_lengths"], key(r)
+            assert r["accept_lengths"] == engine[(r["method"], *key(r))]["accept_lengths"], (r["method"], key(r))
     table = (work / "results" / "tables" / "table3.md").read_text()
     assert "| AR · vLLM | 1.00× (" in table and "| DScout-fv(4) · vLLM | " in table
+    assert "| EAGLE-3 chain(4) · vLLM | " in table
     assert "vLLM rows: greedy outputs differing from vLLM's own AR: **0**" in table
 
 
@@ -249,7 +254,7 @@ def _eagle3_reference_chain(drafter, taps, tokens, k):
     for _ in range(k):
         pos = torch.arange(hidden.shape[1]).unsqueeze(0)
         a, logits = drafter(ids, hidden, pos)
-        d = int(drafter.draft_to_target(logits[0, -1].argmax()))
+        d = int(drafter.to_target_ids(logits[0, -1].argmax()))
         chain.append(d)
         hidden = torch.cat([hidden, a[:, -1:]], dim=1)
         ids = torch.cat([ids, torch.tensor([[d]])], dim=1)

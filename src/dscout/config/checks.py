@@ -243,8 +243,9 @@ def method_backend_problems(cfg: dict, project_dir: str | os.PathLike | None = N
 
     A server row needs a kind its runtime serves (:data:`~dscout.config.stages.SERVER_BACKENDS`), a fixed block size
     (the online controller picks bs per round in our engine only) and a drafter; SGLang's EAGLE-3 loads a published
-    checkpoint (``pretrained:``). Temperatures above 0 on vLLM / SGLang follow ``benchmarks.sampled_methods`` as
-    every row.
+    checkpoint (``pretrained:``); vLLM's EAGLE-3 drafts a chain (``topk: 1``: our engine's EAGLE-3 at
+    ``min(depth, block_size - 1)`` drafts). Temperatures above 0 on vLLM / SGLang follow
+    ``benchmarks.sampled_methods`` as every row.
     """
     problems = []
     drafters = cfg.get("drafters", {})
@@ -265,6 +266,10 @@ def method_backend_problems(cfg: dict, project_dir: str | os.PathLike | None = N
               and not drafters.get(m["drafter"], {}).get("pretrained")):
             problems.append(f"methods[{i}].drafter: SGLang's EAGLE-3 serves a published checkpoint; drafter "
                             f"'{m['drafter']}' has no pretrained: <hub id>")
+        if backend == "vllm" and m["kind"] == "eagle3" and m.get("topk") != 1:
+            problems.append(f"methods[{i}].topk: vLLM drafts EAGLE-3 as a chain (top-1 per step), not a tree: "
+                            f"set topk: 1 ({m['name']}, topk {m.get('topk')!r}; our engine's default is a tree of "
+                            "topk 10)")
     return problems
 
 

@@ -149,10 +149,11 @@ def method_key(spec: dict, drafter_id: str | None) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", key)
 
 
-SERVER_BACKENDS = {"vllm": ("dflash", "dscout"), "sglang": ("dflash", "dscout", "eagle3")}
+SERVER_BACKENDS = {"vllm": ("dflash", "dscout", "eagle3"), "sglang": ("dflash", "dscout", "eagle3")}
 """Table 3's server runtimes (``methods[].backend``) and the method kinds each serves: vLLM's DFlash loader takes
-our DFlash / DScout drafters (EAGLE-3 drafters in vLLM's layout are not exported yet); SGLang serves DFlash / DScout
-from our checkpoints and EAGLE-3 from a published one. PARD-2 and the online controller run on our engine only."""
+our DFlash / DScout drafters and its EAGLE-3 loader our EAGLE-3 drafters (exported in its layout; a chain, ``topk:
+1``); SGLang serves DFlash / DScout from our checkpoints and EAGLE-3 from a published one. PARD-2 and the online
+controller run on our engine only."""
 
 
 def method_backend(spec: dict) -> str:

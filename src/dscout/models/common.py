@@ -61,14 +61,16 @@ def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[
     return d2t, t2d
 
 
-def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
-    """Map draft-vocab ids (any shape) to target ids: ``i + d2t[i]``."""
+def to_target_ids(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """Map draft-vocab ids (any shape) to target ids: ``i + d2t[i]`` (the table form of
+    :meth:`dscout.protocols.ReducedVocabDrafter.to_target_ids`)."""
     d2t = d2t.to(draft_ids.device)
     return draft_ids + d2t[draft_ids]
 
 
-def target_to_draft(target_ids: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
-    """Map target ids (any shape) to draft-vocab ids; ids outside the draft vocabulary map to ``-1``."""
+def to_draft_ids(target_ids: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
+    """Map target ids (any shape) to draft-vocab ids; ids outside the draft vocabulary map to ``-1`` (the table form
+    of :meth:`dscout.protocols.ReducedVocabDrafter.to_draft_ids`)."""
     t2d = t2d.to(target_ids.device)
     index = torch.cumsum(t2d.long(), 0) - 1  # draft index of each kept target id
     return torch.where(t2d[target_ids], index[target_ids], torch.full_like(target_ids, -1))

@@ -35,9 +35,9 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RotaryEmbedding,
 )
 
-from .common import (  # noqa: F401  (vocab-map helpers re-exported: their EAGLE-3 home)
-    build_vocab_map, draft_to_target, init_drafter_weights, rope_from_config, rotate_half as _rotate_half,
-    target_to_draft)
+from . import common as _common
+from .common import (  # noqa: F401  (build_vocab_map re-exported: its EAGLE-3 home)
+    build_vocab_map, init_drafter_weights, rope_from_config, rotate_half as _rotate_half)
 from .layer_ids import default_eagle3_layer_ids  # noqa: F401  (re-exported)
 
 
@@ -275,11 +275,11 @@ class Eagle3Drafter(PreTrainedModel):
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocab ids -> target ids (any shape)."""
-        return draft_to_target(draft_ids, self.d2t)
+        return _common.to_target_ids(draft_ids, self.d2t)
 
     def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft-vocab ids (any shape), ``-1`` where not in the draft vocabulary."""
-        return target_to_draft(target_ids, self.t2d)
+        return _common.to_draft_ids(target_ids, self.t2d)
 
     # ------------------------------------------------------------------ target parts
     def attach_target(self, target) -> "Eagle3Drafter":
