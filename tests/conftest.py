@@ -18,13 +18,16 @@ torch.set_num_threads(1)  # tiny models: threading costs more than it gives
 # The suite runs on two pytest-xdist workers (pyproject: -n 2). A session or module fixture is set up once per worker
 # that runs a test needing it, so the modules whose tests reach one of the end-to-end runs share a worker: the smoke
 # DAG and what copies or compares with it (its artifacts extension and the findings stage, the two-rank trainings,
-# the SLURM run, the full-vocabulary drafters) on one, the paper_mini DAG on the other, and the unit tests, one
+# the full-vocabulary drafters, the vLLM servers) on one, the paper_mini DAG and the SLURM run on the other, and the unit tests, one
 # test at a time, fill in around them. (xdist's own `--dist loadgroup` cannot do this with pytest 9: it renames
 # nodeids through an attribute pytest 9 no longer reads, so every test became its own group.)
-END_TO_END_GROUPS = {"test_pipeline.py": "smoke", "test_distributed_training.py": "smoke", "test_slurm.py": "smoke",
+END_TO_END_GROUPS = {"test_pipeline.py": "smoke", "test_distributed_training.py": "smoke", "test_slurm.py": "paper_mini",
                      "test_upstream.py": "smoke", "test_vllm.py": "smoke", "test_paper_mini.py": "paper_mini"}
-HEAVY_FIXTURES = {"smoke_run": "smoke", "slurm_run": "smoke", "local_slurm": "smoke", "runs": "smoke",
-                  "full_vocab_run": "smoke", "smoke_artifacts_run": "smoke", "paper_mini_run": "paper_mini"}
+# The SLURM run (~3.5 min) sits on the paper_mini worker, whose chain is the shorter one: it compares with a smoke run
+# of its own there (~2 min), the one end-to-end run the suite repeats, so that neither worker's chain passes 20 min.
+HEAVY_FIXTURES = {"smoke_run": {"smoke", "paper_mini"}, "slurm_run": {"paper_mini"}, "local_slurm": {"paper_mini"},
+                  "runs": {"smoke"}, "full_vocab_run": {"smoke"}, "smoke_artifacts_run": {"smoke"},
+                  "paper_mini_run": {"paper_mini"}}
 
 
 def pytest_sessionstart(session):
@@ -72,9 +75,10 @@ def pytest_collection_modifyitems(config, items):
     """A test outside the grouped modules that needs an end-to-end run would repeat it on the other worker."""
     for item in items:
         for name in getattr(item, "fixturenames", ()):
-            if name in HEAVY_FIXTURES and end_to_end_group(item.nodeid) != HEAVY_FIXTURES[name]:
-                raise pytest.UsageError(f"{item.nodeid} needs fixture {name} of the {HEAVY_FIXTURES[name]!r} "
-                                        "end-to-end group: list its module in tests/conftest.py END_TO_END_GROUPS")
+            if name in HEAVY_FIXTURES and end_to_end_group(item.nodeid) not in HEAVY_FIXTURES[name]:
+                raise pytest.UsageError(f"{item.nodeid} needs fixture {name} of the end-to-end group(s) "
+                                        f"{sorted(HEAVY_FIXTURES[name])}: list its module in tests/conftest.py "
+                                        "END_TO_END_GROUPS")
 
 
 def tiny_llama_config(vocab=64, layers=4, init=0.2, **kw) -> LlamaConfig:
