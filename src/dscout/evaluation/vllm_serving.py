@@ -108,7 +108,7 @@ def run_vllm_serving_job(stage: dict, *, target_dir: str, drafter_dir: str, repe
     """
     from ..config import write_resolved
     from ..data.prompts import first_turn_ids
-    from ..models.export import drafter_for_target, export_vllm_dflash
+    from ..backends.vllm import export_drafter
     from ..models.target import load_prepared_target, server_model_path, stop_token_ids
     from ..records import write_records
     from .server_bench import vllm_interpreter
@@ -127,7 +127,7 @@ def run_vllm_serving_job(stage: dict, *, target_dir: str, drafter_dir: str, repe
     stops = stop_token_ids(target, st["chat"].get("stop_tokens") or [])
     out = Path(out)
     export = out.parent / f"r{repeat}.vllm-dflash"  # vLLM's layout of the DFlash drafter (reduced vocabulary too)
-    export_vllm_dflash(drafter_for_target(drafter_dir, target), export, dtype=target.dtype)
+    export_drafter("dflash", drafter_dir, target, export)
     python = vllm_interpreter(vllm_python, vllm_env)
     model = server_model_path(target_dir)  # what a server loads: the materialised folder, or the hub id
     model = str(Path(model).resolve()) if Path(model).exists() else model
