@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,15 +83,19 @@ def resolve_env(name: str) -> dict:
     if out.exists():
         return json.loads(out.read_text())
     CACHE.mkdir(parents=True, exist_ok=True)
-    req = CACHE / f"{name}-{key}.txt"
+    # per-process scratch names: two pytest-xdist workers may resolve the same env at once
+    tag = f"{os.getpid()}"
+    req = CACHE / f"{name}-{key}.{tag}.txt"
     req.write_text("\n".join(pins) + "\n")
+    tmp = CACHE / f"{name}-{key}.json.{tag}.tmp"
     # --isolated: PyPI as a fresh machine sees it (no local wheel folders, no site constraint files)
     cmd = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed", "--quiet",
-           "--disable-pip-version-check", "--report", str(out) + ".tmp", "-r", str(req)]
+           "--disable-pip-version-check", "--report", str(tmp), "-r", str(req)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if r.returncode != 0:
         raise AssertionError(f"envs/{name}.yaml does not resolve with pip:\n{r.stderr[-3000:]}")
-    Path(str(out) + ".tmp").rename(out)
+    os.replace(tmp, out)  # atomic; the loser of a race replaces an equal report
+    req.unlink(missing_ok=True)
     return json.loads(out.read_text())
 
 
@@ -159,3 +165,33 @@ if __name__ == "__main__":
         _print_rule_envs(sys.argv[2:])
     else:
         raise SystemExit("usage: python tests/envs.py rule-envs CONFIGFILE...")
+
+
+def pip_target_once(folder: Path, pins: list[str], what: str) -> Path:
+    """``pip install --no-deps --only-binary=:all: --target folder pins`` once per cache, safe under pytest-xdist.
+
+    pip installs into a per-process scratch folder beside ``folder`` that is then renamed into place, so two
+    workers installing the same pins at once never write into one tree; the loser of the race discards its copy.
+
+    Raises:
+        AssertionError: with pip's message when the install fails (``what`` names what was installed).
+    """
+    if (folder / ".complete").exists():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = folder.parent / f".{folder.name}.{os.getpid()}.partial"
+    shutil.rmtree(scratch, ignore_errors=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--quiet", "--no-deps",
+                        "--disable-pip-version-check", "--only-binary=:all:", "--target", str(scratch), *pins],
+                       capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise AssertionError(f"installing {what} failed:\n{r.stderr[-3000:]}")
+    (scratch / ".complete").write_text("\n".join(pins) + "\n")
+    if folder.exists() and not (folder / ".complete").exists():
+        shutil.rmtree(folder, ignore_errors=True)  # an interrupted install from before this helper existed
+    try:
+        os.rename(scratch, folder)
+    except OSError:  # another worker finished first: its tree is equal
+        shutil.rmtree(scratch, ignore_errors=True)
+    return folder

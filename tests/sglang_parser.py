@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.envs import ROOT, resolved_versions
+from tests.envs import ROOT, pip_target_once, resolved_versions
 
 IMPORTED_BY_SERVER_ARGS = ["sglang", "orjson", "pybase64", "triton", "starlette", "msgspec", "pyzmq", "ipython",
                            "aiohttp", "multidict", "yarl", "propcache", "aiohappyeyeballs", "aiosignal",
@@ -28,15 +28,7 @@ def parser_site() -> Path:
     versions = resolved_versions("serve")
     pins = [f"{n}=={versions[n]}" for n in IMPORTED_BY_SERVER_ARGS]
     site = ROOT / ".cache" / "sglang-parser" / hashlib.sha256(" ".join(pins).encode()).hexdigest()[:12]
-    if (site / ".complete").exists():
-        return site
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--quiet", "--no-deps",
-                        "--disable-pip-version-check", "--only-binary=:all:", "--target", str(site), *pins],
-                       capture_output=True, text=True, timeout=1800)
-    if r.returncode != 0:
-        raise AssertionError(f"installing SGLang's parser failed:\n{r.stderr[-3000:]}")
-    (site / ".complete").write_text("\n".join(pins) + "\n")
-    return site
+    return pip_target_once(site, pins, "SGLang's parser")
 
 
 _RUNNER = r'''

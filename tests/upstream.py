@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import subprocess
 import sys
 import types
 from pathlib import Path
 
-from tests.envs import ROOT
+from tests.envs import ROOT, pip_target_once
 
 DFLASH = "dflash==0.1.0"
 ANGELSLIM = "angelslim==0.5.0"
@@ -40,15 +39,7 @@ ANGELSLIM_STUBBED_PACKAGES = ["angelslim", "angelslim.compressor", "angelslim.co
 def site(pin: str) -> Path:
     """Folder holding ``pin`` installed without dependencies (installed on first use)."""
     folder = ROOT / ".cache" / "upstream" / pin.replace("==", "-")
-    if (folder / ".complete").exists():
-        return folder
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--quiet", "--no-deps",
-                        "--disable-pip-version-check", "--only-binary=:all:", "--target", str(folder), pin],
-                       capture_output=True, text=True, timeout=1800)
-    if r.returncode != 0:
-        raise AssertionError(f"installing {pin} failed:\n{r.stderr[-3000:]}")
-    (folder / ".complete").write_text(pin + "\n")
-    return folder
+    return pip_target_once(folder, [pin], pin)
 
 
 def dflash_model():
