@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from tests import checkout_guard
-from tests.workflow import ROOT, copy_project, import_guard_env, snakemake
+from tests.workflow import ROOT, copy_project, import_guard_env, smoke_outputs, snakemake
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)  # tiny models: threading costs more than it gives
@@ -23,9 +26,10 @@ torch.set_num_threads(1)  # tiny models: threading costs more than it gives
 # nodeids through an attribute pytest 9 no longer reads, so every test became its own group.)
 END_TO_END_GROUPS = {"test_pipeline.py": "smoke", "test_distributed_training.py": "smoke", "test_slurm.py": "paper_mini",
                      "test_upstream.py": "smoke", "test_vllm.py": "smoke", "test_paper_mini.py": "paper_mini"}
-# The SLURM run (~3.5 min) sits on the paper_mini worker, whose chain is the shorter one: it compares with a smoke run
-# of its own there (~2 min), the one end-to-end run the suite repeats, so that neither worker's chain passes 20 min.
-HEAVY_FIXTURES = {"smoke_run": {"smoke", "paper_mini"}, "slurm_run": {"paper_mini"}, "local_slurm": {"paper_mini"},
+# The SLURM run (~3.5 min) sits on the paper_mini worker, whose chain is the shorter one. It compares with the smoke
+# run's outputs, which the smoke worker's run writes to a folder both workers see (`smoke_outputs`), so the suite
+# runs the smoke DAG once.
+HEAVY_FIXTURES = {"smoke_run": {"smoke"}, "local_smoke_outputs": {"paper_mini"}, "slurm_run": {"paper_mini"}, "local_slurm": {"paper_mini"},
                   "runs": {"smoke"}, "full_vocab_run": {"smoke"}, "smoke_artifacts_run": {"smoke"},
                   "paper_mini_run": {"paper_mini"}}
 
@@ -138,16 +142,54 @@ def drafter(target):
     return tiny_drafter(target)
 
 
+def shared_folder(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this session sees (the session's own base folder without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _run_smoke(work: Path):
+    # every job runs with the packages its rule's conda env lacks made unimportable (tests/import_guard)
+    return snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900,
+                     env=import_guard_env(work, ["presets/smoke.yaml", "presets/smoke_artifacts.yaml"]))
+
+
+def _publish_smoke_outputs(shared: Path, work: Path) -> dict:
+    outputs = smoke_outputs(work)
+    tmp = shared / f"smoke-outputs.{os.getpid()}.json"
+    tmp.write_text(json.dumps(outputs))
+    os.replace(tmp, shared / "smoke-outputs.json")
+    return outputs
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
-    """The smoke preset run end to end in a copy of the project (results/ stays out of the checkout)."""
-    work = copy_project(tmp_path_factory.mktemp("smoke"))
-    # every job runs with the packages its rule's conda env lacks made unimportable (tests/import_guard)
-    r = snakemake("--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work, timeout=900,
-                  env=import_guard_env(work, ["presets/smoke.yaml", "presets/smoke_artifacts.yaml"]))
-    # right away (before the artifacts extension adds temperature-1 records): a second run schedules nothing
-    r.second_run = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)
+    """The smoke preset run end to end in a copy of the project (results/ stays out of the checkout). Its outputs
+    are published for the other worker (:func:`local_smoke_outputs`) before any test adds to the run."""
+    shared = shared_folder(tmp_path_factory)
+    with FileLock(str(shared / "smoke-outputs.lock")):  # the other worker waits for these outputs, not reruns them
+        work = copy_project(tmp_path_factory.mktemp("smoke"))
+        r = _run_smoke(work)
+        # right away (before the artifacts extension adds temperature-1 records): a second run schedules nothing
+        r.second_run = snakemake("-n", "--cores", "2", "--configfile", "presets/smoke.yaml", cwd=work)
+        if r.returncode == 0:
+            _publish_smoke_outputs(shared, work)
     return work, r
+
+
+@pytest.fixture(scope="session")
+def local_smoke_outputs(tmp_path_factory) -> dict:
+    """:func:`smoke_outputs` of a local run of the smoke DAG: the smoke worker's (waiting while it runs), or, when
+    no worker has run it (its tests not selected), a run of its own."""
+    shared = shared_folder(tmp_path_factory)
+    with FileLock(str(shared / "smoke-outputs.lock")):
+        published = shared / "smoke-outputs.json"
+        if published.exists():
+            return json.loads(published.read_text())
+        work = copy_project(tmp_path_factory.mktemp("smoke_local"))
+        r = _run_smoke(work)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        return _publish_smoke_outputs(shared, work)
 
 
 FULL_VOCAB_DRAFTERS = """\

@@ -12,7 +12,6 @@ checked by tests/test_envs.py). Accounting is off on the test cluster, so job st
 (`--slurm-status-command squeue`; MinJobAge keeps finished jobs visible).
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ import time
 import pytest
 import yaml
 
-from tests.workflow import DATA, DIST_VARS, ROOT, copy_project, jobs_of
+from tests.workflow import DATA, DIST_VARS, ROOT, copy_project, jobs_of, smoke_outputs
 
 SCRIPT = ROOT / "scripts" / "local_slurm.sh"
 
@@ -112,25 +111,15 @@ def test_cancelled_job_is_retried_without_redoing_finished_work(slurm_run):
         assert path.stat().st_mtime == mtime, f"{path} was rewritten after the cancel"
 
 
-def _digest(path):
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def test_slurm_outputs_equal_the_local_smoke_run(slurm_run, smoke_run):
+def test_slurm_outputs_equal_the_local_smoke_run(slurm_run, local_smoke_outputs):
     work, rc, out, _, _ = slurm_run
-    local, _ = smoke_run
     assert rc == 0, out[-3000:]
-    weights = sorted((work / "results" / "drafters").rglob("*.safetensors"))
-    assert weights
-    for w in weights:
-        assert _digest(w) == _digest(local / w.relative_to(work)), w.name
-    records = sorted((work / "results" / "bench").rglob("*.jsonl"))
-    assert len(records) >= 60
-    for p in records:
-        mine = [json.loads(l) for l in p.read_text().splitlines()]
-        theirs = [json.loads(l) for l in (local / p.relative_to(work)).read_text().splitlines()]
-        assert [(r["output_ids"], r["accept_lengths"], r["correct"]) for r in mine] == \
-               [(r["output_ids"], r["accept_lengths"], r["correct"]) for r in theirs], p
+    mine = smoke_outputs(work)
+    assert mine["weights"] and len(mine["records"]) >= 60
+    for path, digest in mine["weights"].items():
+        assert digest == local_smoke_outputs["weights"].get(path), path
+    for path, rows in mine["records"].items():
+        assert rows == local_smoke_outputs["records"].get(path), path
 
 
 def test_deepspeed_launcher_runs_two_ranks_inside_a_slurm_allocation(slurm_run, tmp_path):

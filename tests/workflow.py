@@ -1,5 +1,7 @@
 """Shared helpers of the workflow tests: a copy of the project to run Snakemake in, and the Snakemake call."""
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -150,3 +152,16 @@ if __name__ == "__main__":  # python -m tests.workflow: rewrite tests/snapshots/
         rows = dag_outputs(files, env=PAPER_DATA_ENV if name == "paper" else None)
         (ROOT / "tests" / "snapshots" / f"dag_{name}.tsv").write_text("\n".join(rows) + "\n")
         print(name, len(rows), "jobs outputs")
+
+
+def smoke_outputs(work: Path) -> dict:
+    """What another run of the smoke DAG is compared with: ``{"weights": {path: sha256}, "records": {path: [[output
+    ids, accept lengths, correct], ...]}}`` for every drafter weight file and greedy benchmark record file, paths
+    relative to ``work``."""
+    weights = {str(w.relative_to(work)): hashlib.sha256(w.read_bytes()).hexdigest()
+               for w in sorted((work / "results" / "drafters").rglob("*.safetensors"))}
+    records = {}
+    for f in sorted((work / "results" / "bench").rglob("*.jsonl")):
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        records[str(f.relative_to(work))] = [[r["output_ids"], r["accept_lengths"], r["correct"]] for r in rows]
+    return {"weights": weights, "records": records}
