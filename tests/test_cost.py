@@ -32,7 +32,8 @@ def test_smoke_bill_matches_hand_computed_numbers():
     b = cost.bill(_cfg("smoke.yaml"), ROOT)
     assert b.device == "cpu"  # smoke: target.device auto -> the CPU constants
     c = {k: v for k, (v, _) in b.constants.items()}
-    assert (c["peak_flops"], c["generate_mfu"], c["train_mfu"]) == (5e10, 0.1, 0.2)
+    assert (c["peak_flops"], c["generate_mfu"], c["train_mfu"], c["accuracy_mfu"]) == (1.9e11, 0.33, 0.38, 0.092)
+    assert (c["ar_seconds_per_token"], c["spec_seconds_per_token"]) == (0.38, 0.19)
     # tiny-random:4:32 = 4 layers, D 64, I 128, 2 heads, 1 KV head, head dim 32, vocab 49152:
     # a layer = 64*32*(2*2 + 2*1) + 3*64*128 = 12,288 + 24,576 = 36,864; matmuls = 4*36,864 + 49,152*64 = 3,293,184
     shape = cost.target_shape(_cfg("smoke.yaml"), ROOT)
@@ -40,14 +41,14 @@ def test_smoke_bill_matches_hand_computed_numbers():
     # 12 responses of 128 + 0.25*40 = 138 tokens (below max_length 192)
     gen = _row(b, "generate_responses")
     assert gen.flops == pytest.approx(2 * 3_293_184 * 12 * 138)          # 10,907,025,408
-    assert gen.wall_seconds == pytest.approx(10_907_025_408 / (5e10 * 0.1))
+    assert gen.wall_seconds == pytest.approx(10_907_025_408 / (1.9e11 * 0.33))
     assert gen.disk_bytes == pytest.approx(12 * 10 * 7)                   # 10 response tokens each, 7 B per token
     # DScout drafter: 1 layer, 2 taps, draft vocab 8192 (config.yaml's levers), 6 steps of 1 sequence,
     # 8 anchors x horizon 32 = 256 positions: 6*36,864*256 + 4*(8192*64)*256 + 6*(2*64*64)*138 per sequence
     per_seq = 6 * 36_864 * 256 + 4 * 524_288 * 256 + 6 * 8_192 * 138    # 600,276,992
     dscout = _row(b, "train_drafter", "dscout")
     assert dscout.flops == pytest.approx(6 * per_seq)
-    assert dscout.wall_seconds == pytest.approx(6 * per_seq / (5e10 * 0.2))
+    assert dscout.wall_seconds == pytest.approx(6 * per_seq / (1.9e11 * 0.38))
     assert dscout.disk_bytes == pytest.approx((36_864 + 8_192) * (16 + 4))  # float32: 16 B/param state + weights
     # one cache per distinct tap set; a token of the 2-tap cache: (2 + 1) * 64 * 2 bytes (float16) + 9
     feats = [r for r in b.rows if r.rule == "target_features"]
@@ -55,23 +56,23 @@ def test_smoke_bill_matches_hand_computed_numbers():
     assert len(feats) == 3 and two and two[0].disk_bytes == pytest.approx(12 * 138 * 393)
     # benchmarks: 1 prompt x 12 tokens x bench_fill 0.5 (MT-Bench: two turns), AR + 7 methods; one job per repeat
     gsm = _row(b, "benchmark", "gsm8k")
-    assert gsm.jobs == 2 and gsm.wall_seconds == pytest.approx(6 * (0.02 + 7 * 0.015)) == gsm.repeat_seconds
-    assert _row(b, "benchmark", "mt_bench").wall_seconds == pytest.approx(1.5)
-    # accuracy: one job per benchmark, 3 prompts of 128 + 0.5*8 tokens, costed as batched generation
+    assert gsm.jobs == 2 and gsm.wall_seconds == pytest.approx(6 * (0.38 + 7 * 0.19)) == gsm.repeat_seconds
+    assert _row(b, "benchmark", "mt_bench").wall_seconds == pytest.approx(12 * (0.38 + 7 * 0.19))
+    # accuracy: one job per benchmark, 3 prompts of 128 + 0.5*8 tokens, lm-eval's greedy AR batches
     acc = [r for r in b.rows if r.rule == "accuracy"]
     assert [r.note for r in acc] == ["gsm8k", "humaneval"]
     assert acc[0].flops == pytest.approx(2 * 3_293_184 * 3 * 132) and acc[0].resumable == "yes"
-    assert acc[0].wall_seconds == pytest.approx(acc[0].flops / (5e10 * 0.1))
+    assert acc[0].wall_seconds == pytest.approx(acc[0].flops / (1.9e11 * 0.092))
     assert b.gpu_hours == 0 and not cost.problems(b)  # a CPU run: no GPU, no runtime limit
     assert "| **total** | 23 |" in cost.render(b)  # 1 + 1 + 4 drafters + 3 caches + 6 benchmarks x 2 repeats + 2
 
 
 def test_constants_are_overridable_and_unknown_ones_are_errors():
     base = cost.bill(_cfg("smoke.yaml"), ROOT)
-    faster = cost.bill(_cfg("smoke.yaml", patch={"cluster": {"throughput": {"train_mfu": 0.4}}}), ROOT)
+    faster = cost.bill(_cfg("smoke.yaml", patch={"cluster": {"throughput": {"train_mfu": 0.76}}}), ROOT)
     assert _row(faster, "train_drafter", "dscout").wall_seconds == pytest.approx(
         _row(base, "train_drafter", "dscout").wall_seconds / 2)
-    assert faster.constants["train_mfu"] == (0.4, "config: cluster.throughput")
+    assert faster.constants["train_mfu"] == (0.76, "config: cluster.throughput")
     with pytest.raises(ValueError, match="cluster.throughput.mfu: not a constant"):
         cost.bill(_cfg("smoke.yaml", patch={"cluster": {"throughput": {"mfu": 0.4}}}), ROOT)
 

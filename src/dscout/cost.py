@@ -43,6 +43,7 @@ DEVICE_CONSTANTS: dict[str, dict[str, tuple[float, str]]] = {
         "train_mfu": (0.35, "estimate: model-FLOP utilisation of DeepSpeed ZeRO-2 bf16 training at 8B scale"),
         "generate_mfu": (0.20, "estimate: SGLang offline batch generation, decode-dominated"),
         "features_mfu": (0.40, "estimate: batched bf16 target forward (prefill-like)"),
+        "accuracy_mfu": (0.20, "estimate: as generate_mfu (batched greedy AR through lm-eval)"),
         "ar_seconds_per_token": (0.0386, "measured: reports/gpu_check/report.md, AR through the engine, "
                                          "Qwen3-8B shape, one H200, HF eager"),
         "spec_seconds_per_token": (0.0110, "measured: reports/gpu_check/report.md, replay bs 16 TPOT (tau 6.05)"),
@@ -52,18 +53,21 @@ DEVICE_CONSTANTS: dict[str, dict[str, tuple[float, str]]] = {
         "vllm_startup_seconds": (300.0, "estimate: one vLLM server start with torch.compile and CUDA graphs"),
         "host_bytes_per_second": (1e9, "estimate: shared-filesystem write rate of one job"),
     },
-    "cpu": {
-        "peak_flops": (5e10, "estimate: 2 cores, AVX2 float32"),
-        "train_mfu": (0.2, "estimate"),
-        "generate_mfu": (0.1, "estimate"),
-        "features_mfu": (0.3, "estimate"),
-        "ar_seconds_per_token": (0.02, "estimate: SmolLM2-135M greedy AR on 2 cores (reports/cpu_default_run/report.md order)"),
-        "spec_seconds_per_token": (0.015, "estimate"),
-        "serving_seconds_per_token": (0.015, "estimate: the batched engine at c = 1"),
+    "cpu": {  # calibrated against the CPU default run in reports/bill_calibration/report.md (AVX-512 host)
+        "peak_flops": (1.9e11, "public arithmetic: 2 cores x 2 FMA ports x 8 float32 lanes (AVX2) x 2 FLOP x ~3 GHz"),
+        "train_mfu": (0.38, "measured: the CPU default's 12 drafter trainings, mean (1 thread each, two at a time)"),
+        "generate_mfu": (0.33, "measured: the CPU default's response generation (batch 32)"),
+        "features_mfu": (0.79, "measured: the CPU default's 3 feature caches, mean"),
+        "accuracy_mfu": (0.092, "measured: the CPU default's accuracy jobs (lm-eval's greedy AR batches), mean"),
+        "ar_seconds_per_token": (0.38, "measured: least-squares fit over the CPU default's 26 benchmark jobs; "
+                                       "seconds per billed token, job start-up and prefill included"),
+        "spec_seconds_per_token": (0.19, "measured: the same fit, per billed token of each method beside AR"),
+        "serving_seconds_per_token": (0.095, "measured: the CPU default's Table 4 jobs (our batched engine), mean"),
         "server_startup_seconds": (0.0, "the batched engine starts in-process"),
         "vllm_startup_seconds": (60.0, "measured: tests' vLLM servers (CPU build, eager) start, answer one warm-up "
                                        "and stop in 40-100 s on 2 cores"),
-        "host_bytes_per_second": (2e8, "estimate: local disk"),
+        "host_bytes_per_second": (3.1e7, "measured: the CPU default's prepare_target (the GGUF conversion, not a "
+                                         "disk write rate)"),
     },
 }
 """Throughput constants per device (``target.device``: ``cuda``, else ``cpu``): value and source."""
@@ -382,11 +386,11 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
                 add(f"benchmark_{backend}", repeats, gpu1, rep, repeat=rep, host=target_bytes,
                     note=f"{backend}: AR + {len(served)} rows, T = {temp:g}")
     acc = config.get("accuracy") or {}
-    if acc.get("enabled"):  # one job per benchmark: batched greedy AR over num_prompts, costed as generation
+    if acc.get("enabled"):  # one job per benchmark: batched greedy AR over num_prompts (lm-eval)
         for name in acc["benchmarks"]:
             acc_flops = 2.0 * shape.matmul_params * acc["num_prompts"] * (
                 c["prompt_tokens"] + c["bench_fill"] * acc["max_new_tokens"])
-            add("accuracy", 1, gpu1, acc_flops / (peak * c["generate_mfu"]), host=target_bytes, flops=acc_flops,
+            add("accuracy", 1, gpu1, acc_flops / (peak * c["accuracy_mfu"]), host=target_bytes, flops=acc_flops,
                 note=name)
     s = config.get("study", {})
     if s.get("enabled"):
