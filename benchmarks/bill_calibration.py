@@ -94,6 +94,7 @@ def main(argv=None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--project", required=True, help="a folder where the config has run (results/timings/)")
     ap.add_argument("--configfile", nargs="*", default=[], help="presets merged over config.yaml, as for the run")
+    ap.add_argument("--note", default="", help="one paragraph on the run (printed under the header)")
     ap.add_argument("--out", default=str(ROOT / "reports" / "bill_calibration" / "report.md"))
     a = ap.parse_args(argv)
     t0 = time.time()
@@ -107,6 +108,8 @@ def main(argv=None) -> Path:
         f"--configfile {f}" for f in a.configfile)
     lines = report_header("The bill against a finished run", cmd.strip(), time.time() - t0,
                           host_note="(the host of the run, if it ran here)")
+    if a.note:
+        lines += [a.note, ""]
     lines += ["Estimated wall time per job (`cost.bill`, the CPU constants) against the run's Snakemake "
               "benchmark files; ratio = measured mean / estimate (above 1: the bill is low). Where `cost.py` "
               "gives a constant's source as measured on the CPU default, the constant was fitted to such a run, so "

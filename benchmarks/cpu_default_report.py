@@ -81,6 +81,7 @@ def main(argv=None) -> Path:
             body = f.read_text().strip().splitlines()
             if body and body[0].startswith("#"):
                 body = body[1:]
+            body = ["#" + l if l.startswith("#") else l for l in body]  # its sections under this one
             lines += ["", f"## {title} of this run", "", *body]
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

