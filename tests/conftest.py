@@ -29,9 +29,9 @@ END_TO_END_GROUPS = {"test_pipeline.py": "smoke", "test_distributed_training.py"
 # The SLURM run (~3.5 min) sits on the paper_mini worker, whose chain is the shorter one. It compares with the smoke
 # run's outputs, which the smoke worker's run writes to a folder both workers see (`smoke_outputs`), so the suite
 # runs the smoke DAG once.
-HEAVY_FIXTURES = {"smoke_run": {"smoke"}, "local_smoke_outputs": {"paper_mini"}, "slurm_run": {"paper_mini"}, "local_slurm": {"paper_mini"},
-                  "runs": {"smoke"}, "full_vocab_run": {"smoke"}, "smoke_artifacts_run": {"smoke"},
-                  "paper_mini_run": {"paper_mini"}}
+HEAVY_FIXTURES = {"smoke_run": {"smoke"}, "local_smoke_outputs": {"paper_mini"}, "slurm_run": {"paper_mini"},
+                  "local_slurm": {"paper_mini"}, "runs": {"smoke"}, "full_vocab_run": {"smoke"},
+                  "smoke_artifacts_run": {"smoke"}, "paper_mini_run": {"paper_mini"}}
 
 
 def pytest_sessionstart(session):

@@ -84,7 +84,7 @@ def resolve_env(name: str) -> dict:
         return json.loads(out.read_text())
     CACHE.mkdir(parents=True, exist_ok=True)
     # per-process scratch names: two pytest-xdist workers may resolve the same env at once
-    tag = f"{os.getpid()}"
+    tag = str(os.getpid())
     req = CACHE / f"{name}-{key}.{tag}.txt"
     req.write_text("\n".join(pins) + "\n")
     tmp = CACHE / f"{name}-{key}.json.{tag}.tmp"
@@ -160,13 +160,6 @@ def _print_rule_envs(configfiles: list[str]) -> None:
     print(json.dumps(mapping))
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["rule-envs"]:
-        _print_rule_envs(sys.argv[2:])
-    else:
-        raise SystemExit("usage: python tests/envs.py rule-envs CONFIGFILE...")
-
-
 def pip_target_once(folder: Path, pins: list[str], what: str) -> Path:
     """``pip install --no-deps --only-binary=:all: --target folder pins`` once per cache, safe under pytest-xdist.
 
@@ -195,3 +188,10 @@ def pip_target_once(folder: Path, pins: list[str], what: str) -> Path:
     except OSError:  # another worker finished first: its tree is equal
         shutil.rmtree(scratch, ignore_errors=True)
     return folder
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["rule-envs"]:
+        _print_rule_envs(sys.argv[2:])
+    else:
+        raise SystemExit("usage: python tests/envs.py rule-envs CONFIGFILE...")
