@@ -371,6 +371,56 @@ def test_serving_repeats_rotate_the_methods_and_the_controller_keeps_its_statist
     assert row["best_speedup_min"] <= row["best_speedup"] <= row["best_speedup_max"]
 
 
+def test_online_controllers_learn_from_warm_up_traffic_that_is_never_timed_or_recorded(target, monkeypatch):
+    """serving_records(controller_warmup=...): each online method first serves the warm-up prompts in batches of c
+    (untimed, its controller learning: acceptance and round times), then the measured batch; methods without a
+    controller never see them, no record names them, and every output still equals AR."""
+    from dscout.decoding.controller import BlockSizeController
+    from dscout.evaluation.serving import serving_records
+
+    from .test_controller import cpu_like_latency
+
+    d = tiny_drafter(target, layers=1, block_size=8)
+    ctl = BlockSizeController(cpu_like_latency(), 8)
+    observed = []
+    observe = ctl.observe_batch
+    monkeypatch.setattr(ctl, "observe_batch", lambda rounds: (observed.append(len(rounds)), observe(rounds)))
+    calls = []
+    generate = BatchedSpeculativeEngine.generate
+
+    def spy(self, prompts, *a, **k):
+        calls.append((self.controller is not None, [tuple(p) for p in prompts]))
+        return generate(self, prompts, *a, **k)
+
+    monkeypatch.setattr(BatchedSpeculativeEngine, "generate", spy)
+    factories = {"ar": ("ar", None, None), "dscout-bs4": ("dscout", "ds", lambda: BlockDiffusionProposer(d)),
+                 "dscout-online": ("dscout", "ds", lambda: BlockDiffusionProposer(d))}
+    sizes = {"dscout-bs4": 4, "dscout-online": 8}
+    prompts, warm = _prompts(3, 5), _prompts(7, 11)[3:]  # 4 warm-up prompts: one batch of 3 (the 4th is left)
+    recs = serving_records(target, factories, prompts, ["a", "b", "c"], 3, 9, sizes, [],
+                           controllers={"dscout-online": ctl}, controller_warmup=warm)
+    warm_set = {tuple(p) for p in warm}
+    warm_calls = [(online, batch) for online, batch in calls if warm_set & set(batch)]
+    assert warm_calls == [(True, [tuple(p) for p in warm[:3]])]
+    assert len(recs) == 3 * 3 and {r["prompt_id"] for r in recs} == {"a", "b", "c"}
+    measured_rounds = len(next(r for r in recs if r["method_key"] == "dscout-online")["round_block_sizes"])
+    assert len(observed) > measured_rounds  # the warm-up batch's rounds were learned from too (after the reset)
+    assert sum(ctl.timed.values()) > measured_rounds - 1
+    ar = {r["prompt_id"]: r["output_ids"] for r in recs if r["method"] == "ar"}
+    assert all(r["output_ids"] == ar[r["prompt_id"]] for r in recs)
+    # a dict warms only the keys it names: the other controller starts cold (both side by side in one job)
+    cold = BlockSizeController(cpu_like_latency(), 8)
+    calls.clear()
+    serving_records(target, {**factories, "dscout-online-cold": factories["dscout-online"]}, prompts,
+                    ["a", "b", "c"], 3, 9, {**sizes, "dscout-online-cold": 8}, [],
+                    controllers={"dscout-online": ctl, "dscout-online-cold": cold},
+                    controller_warmup={"dscout-online": warm})
+    assert len([1 for _, batch in calls if warm_set & set(batch)]) == 1
+    with pytest.raises(ValueError, match=r"controller_warmup \(dscout-online\): concurrency 3 needs at least 3"):
+        serving_records(target, factories, prompts, ["a", "b", "c"], 3, 9, sizes, [],
+                        controllers={"dscout-online": ctl}, controller_warmup=warm[:2])
+
+
 def test_table4_shows_each_online_variant_beside_dscout_online(tmp_path):
     """serving.online_variants: each ``dscout-online-<name>`` column is reported like DScout(online) (median
     speedup over repeats with its spread, mean bs, paired ratio to DScout(best)) under its own label."""

@@ -215,8 +215,11 @@ def write_table4(record_paths, out_prefix: str, stage: dict) -> list[dict]:
                "(vLLM serves PARD through its parallel-drafting path, which this workflow does not run); its "
                "single-request speed is in Table 3."
                + (" DScout(online): the online block-size controller picks one bs per batch round from the batch's "
-                  "recent acceptance and a latency model calibrated at start-up (docs/online_controller.md); "
-                  "'online vs best' compares it with the offline per-c choice, picked after the fact."
+                  "recent acceptance and a latency model calibrated at start-up (docs/online_controller.md)"
+                  + (f", having first served {stage['online_warmup']} untimed batch(es) of c requests from beyond the "
+                     "measured pool, whose rounds it learned from (a serving system's controller has served earlier "
+                     "traffic)" if stage.get("online_warmup") else ", from a cold start (calibration and prior only)")
+                  + "; 'online vs best' compares it with the offline per-c choice, picked after the fact."
                   + (" DScout(online, <name>): the same controller with the settings of serving.online_variants "
                      "<name>, in the same job." if any(l != "online" for l in labels) else "")
                   if online else "")

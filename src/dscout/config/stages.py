@@ -333,7 +333,8 @@ def study_table_stage(cfg: dict, study: dict | None) -> dict:
 def table4_stage(cfg: dict) -> dict:
     """What Table 4 prints beside the numbers."""
     s = cfg["serving"]
-    return {"target": cfg["target"]["name"], "benchmarks": s["benchmarks"], "max_new_tokens": s["max_new_tokens"]}
+    warm = {"online_warmup": s["online_warmup"]} if s.get("online") or s.get("online_variants") else {}
+    return {**warm, "target": cfg["target"]["name"], "benchmarks": s["benchmarks"], "max_new_tokens": s["max_new_tokens"]}
 
 
 STUDY_PLAN: dict[str, list[int]] = {
@@ -486,6 +487,8 @@ def serving_stage(cfg: dict, drafter_ids: dict[str, str]) -> dict:
     extra = {}
     if s.get("online"):  # only when set, so that configs without it keep their ids
         extra["online"] = controller_settings(cfg)
+    if s.get("online") or s.get("online_variants"):  # the controllers' untimed earlier traffic (batches of c)
+        extra["online_warmup"] = s["online_warmup"]
     if s.get("online_variants"):  # only when set, so that configs without it keep their ids
         extra["online_variants"] = [{"name": v["name"], "controller": controller_settings(cfg, v.get("controller"))}
                                     for v in s["online_variants"]]

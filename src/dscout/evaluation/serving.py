@@ -20,7 +20,8 @@ from ..records import controller_fields, make_record
 def serving_records(target, proposer_factories: dict[str, tuple[str, str, object]], prompts: list[list[int]],
                     prompt_ids: list[str], concurrency: int, max_new_tokens: int, block_sizes: dict[str, int],
                     stop_ids: list[int], repeat: int = 0, controllers: dict | None = None,
-                    repeats: int = 1, interleave: str = "batch", prefill_store: dict | None = None) -> list[dict]:
+                    repeats: int = 1, interleave: str = "batch", prefill_store: dict | None = None,
+                    controller_warmup: list[list[int]] | dict[str, list[list[int]]] | None = None) -> list[dict]:
     """Decode ``prompts[:concurrency]`` as one batch per method and repeat; one record per request and repeat.
 
     ``interleave="round"``: in each repeat the methods' batches advance together, one engine step (the
@@ -50,8 +51,18 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
         interleave: ``round`` | ``batch`` (above).
         prefill_store: the prefix cache to use (and fill); None = a new one for this call. A caller that serves
             the same batch in several calls (``benchmarks/interleave_cost.py``) passes one dict to all of them.
+        controller_warmup: prompts from beyond the measured pool (never measured) that each online method serves
+            first, untimed, in batches of ``concurrency`` and ``max_new_tokens`` each, its controller learning
+            (acceptance, round-time ratios, the makespan share) as it would from earlier traffic, as a serving
+            system's controller has served batches before the one a benchmark times. Without it a job's controller
+            starts from its calibration and prior: at 16 tokens per request a batch runs ~14 rounds, too few for the
+            prior's exploration to pay back (CPU default, c = 8-32: DScout(online) 0.89-0.95x of AR where drafting
+            never paid; reports/controller_warmup/report.md). None or empty = that cold start. A dict gives
+            each online method key its own prompts; a key not in it starts cold (the two side by side in one job:
+            ``benchmarks/controller_warmup.py``).
     Raises:
-        ValueError: if fewer prompts than ``concurrency`` are given, ``repeats < 1`` or ``interleave`` is unknown.
+        ValueError: if fewer prompts than ``concurrency`` are given, ``repeats < 1``, ``interleave`` is unknown or
+            ``controller_warmup`` holds fewer than ``concurrency`` prompts.
     """
     if len(prompts) < concurrency:
         raise ValueError(f"concurrency {concurrency} needs {concurrency} prompts, the serving pool has {len(prompts)}")
@@ -59,6 +70,14 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if interleave not in ("round", "batch"):
         raise ValueError(f"interleave must be 'round' or 'batch', got {interleave!r}")
+    warm = controller_warmup if isinstance(controller_warmup, dict) else \
+        {key: controller_warmup for key in (controllers or {})} if controller_warmup else {}
+    warm_batches = {}
+    for key, ps in warm.items():
+        if ps and len(ps) < concurrency:
+            raise ValueError(f"controller_warmup ({key}): concurrency {concurrency} needs at least {concurrency} "
+                             f"warm-up prompts, got {len(ps)}")
+        warm_batches[key] = [ps[i: i + concurrency] for i in range(0, len(ps or []) - concurrency + 1, concurrency)]
     batch_prompts = prompts[:concurrency]
     # the batch's prefill is computed once per tapped layer set and copied for every method and repeat (a prefix
     # cache): at c = 32 one prefill took longer than AR's whole decode of the batch (2 cores), it ran once per
@@ -76,6 +95,8 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
                         prefill_store=prefills)
         if controller is not None:  # the warm-up's rounds out of the statistics and the overhead
             controller.reset()
+            for batch in warm_batches.get(key, []):  # earlier traffic: the controller learns, nothing is timed or recorded
+                engine.generate(batch, max_new_tokens, block_size=bs)
         engines[key] = engine
     keys = list(proposer_factories)
     records = []
@@ -239,7 +260,7 @@ def run_serving_job(stage: dict, *, target_dir: str, drafters: dict[str, str], c
     Returns:
         the records written.
     Raises:
-        SystemExit: the benchmarks hold too few prompts for the pool and the SGLang warm-up.
+        SystemExit: the benchmarks hold too few prompts for the pool and the warm-up (SGLang's, the controllers').
     """
     from ..config import write_resolved
     from ..data.prompts import first_turn_ids
@@ -259,13 +280,15 @@ def run_serving_job(stage: dict, *, target_dir: str, drafters: dict[str, str], c
     else:
         target = load_prepared_target(target_dir)
     chat = st["chat"]
-    # SGLang: c warm-up requests per server from beyond the measured pool (never measured); batched: none here
-    warm_n = concurrency if sglang else 0
+    # SGLang: c warm-up requests per server from beyond the measured pool (never measured); batched: the online
+    # controllers' earlier traffic, ``online_warmup`` batches of c from there (serving_records' controller_warmup)
+    online = bool(st.get("online") or st.get("online_variants"))
+    warm_n = concurrency if sglang else concurrency * int(st.get("online_warmup", 0)) if online else 0
     pool, spare = serving_pool(st["benchmarks"], root, st["pool_size"], warm_n, st["seed"])
-    if sglang and len(spare) < warm_n:
+    if len(spare) < warm_n:
         raise SystemExit(f"dscout serve (c={concurrency}, repeat {repeat}): the benchmarks {st['benchmarks']} "
                          f"hold {len(pool) + len(spare)} prompts, {st['pool_size']} measured + {warm_n} warm-up "
-                         "needed (lower serving.pool_factor or add benchmarks)")
+                         "needed (lower serving.pool_factor or serving.online_warmup, or add benchmarks)")
     prompts = first_turn_ids(target.tokenizer, pool, chat)
     ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
     stops = stop_token_ids(target, chat.get("stop_tokens") or [])
@@ -294,7 +317,8 @@ def run_serving_job(stage: dict, *, target_dir: str, drafters: dict[str, str], c
         records = serving_records(target, factories, prompts, ids, concurrency, st["max_new_tokens"], sizes, stops,
                                   controllers=controllers, repeat=repeat, repeats=1,
                                   interleave=st.get("interleave", "batch"),
-                                  prefill_store=PrefillStore(int(prefill_store_gb * 2**30)))
+                                  prefill_store=PrefillStore(int(prefill_store_gb * 2**30)),
+                                  controller_warmup=first_turn_ids(target.tokenizer, spare, chat) if warm_n else None)
     write_records(records, out)
     write_resolved(Path(out).with_suffix(".resolved.json"), st)
     return records
