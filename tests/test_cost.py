@@ -67,6 +67,14 @@ def test_smoke_bill_matches_hand_computed_numbers():
     assert "| **total** | 23 |" in cost.render(b)  # 1 + 1 + 4 drafters + 3 caches + 6 benchmarks x 2 repeats + 2
 
 
+def test_the_online_columns_warm_up_batches_are_billed_on_the_batched_backend():
+    # the CPU default's Table 4 job: AR, DFlash(16), DScout at 4 bs = 6 billed batches (the online column is inside
+    # the calibrated constant); each of its serving.online_warmup batches adds one more
+    cold = _row(cost.bill(_cfg(patch={"serving": {"online_warmup": 0}}), ROOT), "serving_benchmark", "c = 8")
+    warm = _row(cost.bill(_cfg(patch={"serving": {"online_warmup": 2}}), ROOT), "serving_benchmark", "c = 8")
+    assert warm.wall_seconds == pytest.approx(cold.wall_seconds * 8 / 6)
+
+
 def test_constants_are_overridable_and_unknown_ones_are_errors():
     base = cost.bill(_cfg("smoke.yaml"), ROOT)
     faster = cost.bill(_cfg("smoke.yaml", patch={"cluster": {"throughput": {"train_mfu": 0.76}}}), ROOT)
