@@ -121,3 +121,78 @@ def test_records_from_sglang_answers_feed_the_same_aggregation():
     cell = next(r for r in rows if r["method_key"] == "dscout-bs16" and r["benchmark"] == "gsm8k")
     assert abs(cell["speedup_mean"] - 4.0) < 1e-9 and abs(cell["mat_mean"] - 9.7) < 1e-9
     assert cell["concurrency"] == 8
+
+
+def test_the_vllm_jobs_read_the_target_on_the_cpu_and_let_it_go_before_a_server_starts(tmp_path, monkeypatch):
+    """Table 4's and Table 3's vLLM jobs load the target only to write the drafter in vLLM's layout: on the CPU
+    whatever ``target.device`` says (on a cluster node the server reserves most of the GPU when it starts, and the
+    target's weights there would leave it short), and released before the first server starts."""
+    import gc
+    import json
+    import weakref
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from dscout.backends import vllm as vllm_backend
+    from dscout.evaluation import server_bench, vllm_serving
+    from dscout.models import target as target_mod
+    from tests.workflow import DATA
+
+    tok = AutoTokenizer.from_pretrained(str(DATA / "tokenizers" / "qwen3"))
+    tdir = tmp_path / "target"
+    tdir.mkdir()
+    (tdir / "target.json").write_text(json.dumps({"load_from": str(tdir), "stage": {"device": "cuda",
+                                                                                      "dtype": "float32"}}))
+    loads, alive = [], []
+
+    class Loaded:  # what TargetModel.load returns here: a weak reference tells whether it was let go
+        def __init__(self):
+            self.tokenizer, self.dtype = tok, "float32"
+
+    def load(path, dtype, device, attn_implementation=None):
+        loads.append(device)
+        m = Loaded()
+        alive.append(weakref.ref(m))
+        return m
+
+    def at_server_start(*a, **k):  # the first server: the loaded target is gone by now
+        gc.collect()
+        assert all(r() is None for r in alive), "the target is still held when a vLLM server starts"
+        return []
+
+    monkeypatch.setattr(target_mod.TargetModel, "load", staticmethod(load))
+    monkeypatch.setattr(target_mod, "process_device", lambda name: pytest.fail("the configured device was used"))
+    monkeypatch.setattr(vllm_backend, "export_drafter", lambda kind, d, target, out: out)
+    monkeypatch.setattr(server_bench, "vllm_interpreter", lambda python, env: "python")
+    monkeypatch.setattr(vllm_serving, "vllm_serving_records", at_server_start)
+    stage = {"benchmarks": ["gsm8k", "humaneval"], "pool_size": 2, "seed": 0, "concurrency": [1, 2],
+             "chat": {"system_prompt": None, "enable_thinking": False, "stop_tokens": ["<|im_end|>"]},
+             "max_new_tokens": 4, "vllm": {"block_sizes": [4]}}
+    vllm_serving.run_vllm_serving_job(stage, target_dir=str(tdir), drafter_dir=str(tmp_path / "drafter"), repeat=0,
+                                      out=str(tmp_path / "serving" / "r0.jsonl"), root=DATA)
+    assert loads == ["cpu"]
+    # Table 3's vLLM rows (one server per method): the same, and the servers get the tokenizer only
+    opened = []
+
+    def records(open_server, todo, prompts, budgets, **k):
+        gc.collect()
+        assert all(r() is None for r in alive), "the target is still held when a vLLM server starts"
+        opened.extend(m["key"] for m in todo)
+        return {m["key"]: [] for m in todo}
+
+    monkeypatch.setattr(server_bench, "server_bench_records", records)
+    monkeypatch.setattr(server_bench, "judge_against_ar", lambda recs, key: None)
+    monkeypatch.setattr(server_bench, "server_methods", lambda stage, runtime: [
+        {"key": "vllm-ar", "kind": "ar"}, {"key": "vllm-dscout-bs4", "kind": "dscout", "drafter": "dscout"}])
+    import dscout.config
+    import dscout.data.benchmarks
+
+    monkeypatch.setattr(dscout.data.benchmarks, "stage_prompts", lambda b, bench, root: [])
+    monkeypatch.setattr(dscout.config, "benchmark_slice", lambda stage, bench: {"benchmarks": {"max_new_tokens": 4}})
+    bench_stage = {"runtime": "vllm", "names": ["gsm8k"], "chat": stage["chat"],
+                   "server": {"kv_cache_gb": 1, "dtype": "float32", "max_model_len": 512, "enforce_eager": True}}
+    server_bench.run_server_bench_job(bench_stage, temperature=0.0, repeat=0, target_dir=str(tdir),
+                                      drafters={"dscout": str(tmp_path / "d")},
+                                      out=str(tmp_path / "bench" / "r0.jsonl"), root=DATA)
+    assert loads == ["cpu", "cpu"] and opened == ["vllm-ar", "vllm-dscout-bs4"]

@@ -22,6 +22,7 @@ jobs score (lm-eval's metrics live in the training env, not in a server's env).
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -212,14 +213,18 @@ def run_server_bench_job(stage: dict, *, target_dir: str, drafters: dict[str, st
     if runtime == "vllm":
         from ..backends.vllm import VllmServer, export_drafter
 
-        target = load_prepared_target(target_dir)
-        tokenizer = target.tokenizer
+        # on the CPU (the servers own the GPU), for the drafters' export only; then only its tokenizer is kept
+        loaded = load_prepared_target(target_dir, device="cpu")
+        tokenizer = loaded.tokenizer
+        target = SimpleNamespace(tokenizer=tokenizer)
         exports = {}
         for m in todo:
             name = m.get("drafter")
             if name and name not in exports:  # vLLM's layout of the drafter (DFlash, a reduced vocabulary too; EAGLE-3)
                 exports[name] = (out.parent / f"{out.stem}.vllm-{name}").resolve()
-                export_drafter(m["kind"], drafters[name], target, exports[name])
+                export_drafter(m["kind"], drafters[name], loaded, exports[name])
+        del loaded
+        gc.collect()
         python = vllm_interpreter(vllm_python, vllm_env) if todo else None
         srv = stage["server"]
 

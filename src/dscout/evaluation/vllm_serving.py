@@ -14,6 +14,7 @@ own AR of the same repeat (:mod:`dscout.analysis.table4`).
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def run_vllm_serving_job(stage: dict, *, target_dir: str, drafter_dir: str, repe
     from .serving import serving_pool
 
     st = stage
-    target = load_prepared_target(target_dir)
+    target = load_prepared_target(target_dir, device="cpu")  # for the export only: the server owns the GPU
     # round robin over benchmarks, as serve-cpu; one warm-up request from beyond the measured pool
     pool, spare = serving_pool(st["benchmarks"], root, st["pool_size"], 1, st["seed"])
     if not spare:
@@ -128,6 +129,8 @@ def run_vllm_serving_job(stage: dict, *, target_dir: str, drafter_dir: str, repe
     out = Path(out)
     export = out.parent / f"r{repeat}.vllm-dflash"  # vLLM's layout of the DFlash drafter (reduced vocabulary too)
     export_drafter("dflash", drafter_dir, target, export)
+    del target  # the weights leave host memory before the servers load their own copy
+    gc.collect()
     python = vllm_interpreter(vllm_python, vllm_env)
     model = server_model_path(target_dir)  # what a server loads: the materialised folder, or the hub id
     model = str(Path(model).resolve()) if Path(model).exists() else model

@@ -381,13 +381,21 @@ def check_target_shape(model_dir: str | os.PathLike, stage: dict) -> None:
                              f"{mc[field]}: set target.{key}: {mc[field]}")
 
 
-def load_prepared_target(target_dir: str | os.PathLike, stage: dict | None = None) -> "TargetModel":
+def load_prepared_target(target_dir: str | os.PathLike, stage: dict | None = None,
+                         device: str | None = None) -> "TargetModel":
     """Load the prepared target named by ``<target_dir>/target.json`` in its configured dtype, device and attention
-    implementation (the ``stage`` its ``prepare_target`` job wrote; ``stage`` when the file has none)."""
+    implementation (the ``stage`` its ``prepare_target`` job wrote; ``stage`` when the file has none).
+
+    Args:
+        device: load here instead of the configured device. The jobs whose GPU belongs to a server (vLLM's rows)
+            read the target on the ``"cpu"`` only to write the drafter in the server's layout: on a GPU it would hold
+            the target's weights (16 GB for Qwen3-8B in bf16) beside the server, which reserves most of the card
+            when it starts (``gpu_memory_utilization``).
+    """
     info = json.loads((Path(target_dir) / "target.json").read_text())
     t = info.get("stage", stage or {})
     return TargetModel.load(server_model_path(target_dir), dtype=getattr(torch, t.get("dtype", "float32")),
-                            device=process_device(t.get("device", "auto")),
+                            device=device or process_device(t.get("device", "auto")),
                             attn_implementation=t.get("attn_implementation"))
 
 
