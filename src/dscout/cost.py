@@ -404,7 +404,8 @@ def bill(config: dict, project_dir: str | Path | None = None) -> Bill:
         n_methods = 1 + 1 + len(sv["block_sizes"]) + (1 if sv.get("eagle3_drafter") else 0)
         if sv["backend"] != "sglang":  # each online column's untimed warm-up batches (serving.online_warmup); the
             # online column itself is inside the calibrated per-token constant (its run had one, without warm-up)
-            n_methods += (bool(sv.get("online")) + len(sv.get("online_variants") or [])) * int(sv.get("online_warmup", 0))
+            columns = bool(sv.get("online")) + len(sv.get("online_variants") or [])
+            n_methods += columns * int(sv.get("online_warmup", 0))
         # one job per (concurrency, repeat); SGLang measures a pool of pool_factor x max(concurrency) prompts
         pool = max(config["concurrency"]) * (int(sv.get("pool_factor", 4)) if sv["backend"] == "sglang" else 1)
         for conc in config["concurrency"]:

@@ -334,7 +334,8 @@ def table4_stage(cfg: dict) -> dict:
     """What Table 4 prints beside the numbers."""
     s = cfg["serving"]
     warm = {"online_warmup": s["online_warmup"]} if s.get("online") or s.get("online_variants") else {}
-    return {**warm, "target": cfg["target"]["name"], "benchmarks": s["benchmarks"], "max_new_tokens": s["max_new_tokens"]}
+    return {**warm, "target": cfg["target"]["name"], "benchmarks": s["benchmarks"],
+            "max_new_tokens": s["max_new_tokens"]}
 
 
 STUDY_PLAN: dict[str, list[int]] = {

@@ -95,7 +95,7 @@ def serving_records(target, proposer_factories: dict[str, tuple[str, str, object
                         prefill_store=prefills)
         if controller is not None:  # the warm-up's rounds out of the statistics and the overhead
             controller.reset()
-            for batch in warm_batches.get(key, []):  # earlier traffic: the controller learns, nothing is timed or recorded
+            for batch in warm_batches.get(key, []):  # earlier traffic: the controller learns; not timed, not recorded
                 engine.generate(batch, max_new_tokens, block_size=bs)
         engines[key] = engine
     keys = list(proposer_factories)
