@@ -48,33 +48,23 @@ def main(argv=None):
     a = p.parse_args(argv)
     t_start = time.perf_counter()
 
-    import torch
-
-    from dscout.data.paths import data_root
-    from dscout.data.prompts import first_turn_ids
     from dscout.decoding.proposers import BlockDiffusionProposer
     from dscout.evaluation.methods import online_controller, typical_context_tokens
-    from dscout.evaluation.serving import serving_pool, serving_records
+    from dscout.evaluation.serving import serving_records
     from dscout.models.export import drafter_for_target
-    from dscout.models.linear import pack_linears
-    from dscout.models.target import load_prepared_target, stop_token_ids
+    from serving_batch import load_serving_target, serving_prompts
 
-    torch.set_num_threads(a.threads)
-    target = load_prepared_target(a.target)
-    pack_linears(target.model, extra_weights=(target.lm_head.weight,))
+    target, stops = load_serving_target(a.target, a.threads)
     dscout = drafter_for_target(a.dscout, target, packed=True)
-    chat = {"system_prompt": None, "enable_thinking": False}
-    stops = stop_token_ids(target, ["<|im_end|>"])
     levels = [int(x) for x in a.concurrency.split(",") if x]
     keys = ["ar", f"dscout-bs{a.block_size}", "online-warm", "online-cold"]
     ratio = {c: {k: [] for k in keys} for c in levels}
     mean_bs = {c: {k: [] for k in keys[2:]} for c in levels}
     ar_tps = {c: [] for c in levels}
     for c in levels:
-        pool, spare = serving_pool(a.benchmarks.split(","), data_root(a.data_root), c, c * a.warmup_batches, seed=0)
-        if len(spare) < c * a.warmup_batches:
+        pool, prompts, warm = serving_prompts(target.tokenizer, a.data_root, a.benchmarks, c, c * a.warmup_batches)
+        if len(warm) < c * a.warmup_batches:
             raise SystemExit(f"--benchmarks {a.benchmarks} hold too few prompts for c = {c} and its warm-up")
-        prompts, warm = first_turn_ids(target.tokenizer, pool, chat), first_turn_ids(target.tokenizer, spare, chat)
         ids = [f"{it.benchmark}/{it.prompt_id}" for it in pool]
         probe = BlockDiffusionProposer(dscout)
         base = online_controller(target, probe, {"calibration_repeats": 3}, concurrency=c,
