@@ -52,7 +52,7 @@ def main(argv=None):
     from dscout.evaluation.methods import online_controller, typical_context_tokens
     from dscout.evaluation.serving import serving_records
     from dscout.models.export import drafter_for_target
-    from serving_batch import load_serving_target, serving_prompts
+    from serving_batch import emit_report, load_serving_target, serving_prompts
 
     target, stops = load_serving_target(a.target, a.threads)
     dscout = drafter_for_target(a.dscout, target, packed=True)
@@ -108,12 +108,8 @@ def main(argv=None):
     from dscout.provenance import report_header
 
     command = "python benchmarks/controller_warmup.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    lines = report_header(lines[0][2:], command, time.perf_counter() - t_start) + lines[2:]
-    text = "\n".join(lines) + "\n"
-    print(text)
+    emit_report(report_header(lines[0][2:], command, time.perf_counter() - t_start) + lines[2:], a.out)
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(text)
         Path(a.out).with_suffix(".json").write_text(json.dumps(
             {"ratio_to_ar": ratio, "ar_tokens_per_s": ar_tps, "mean_bs": mean_bs}, indent=1))
 

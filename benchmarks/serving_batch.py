@@ -55,4 +55,5 @@ def emit_report(lines: list[str], out: str | None) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text)
